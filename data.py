@@ -1,0 +1,503 @@
+"""
+Episode datasets on disk: load, validate, split, normalize, write, and collect Push-T play data.
+
+Generate a Push-T dataset (defaults below; config files work too, see common.py):
+
+    python data.py --out_dir=data/pusht --num_episodes=500 --episode_len=200 --image_size=64
+
+On-disk format. A dataset is one folder DIR holding:
+
+    frames.npy        uint8   (N, H, W, 3)  RGB frames of all episodes, concatenated in time order.
+                                            H == W and H is a multiple of 4.
+    actions.npy       float32 (N, A)        action[i] is the command issued AFTER seeing frame[i]:
+                                            frame[i+1] results from frames <= i and actions <= i.
+                                            The last action of an episode has no next frame in the
+                                            file (it is kept so every frame has one action).
+    episode_ends.npy  int64   (E,)          exclusive end index of each episode: strictly increasing,
+                                            first > 0, last == N (the diffusion-policy replay-buffer
+                                            convention). Episode k is rows [ends[k-1], ends[k]),
+                                            with ends[-1] read as 0.
+    meta.json         {"fps": 10, "image_size": H, "action_dim": A,
+                       "action_low": [...], "action_high": [...],   # the action space's range,
+                                                                    # [0,0]/[512,512] for Push-T
+                       "source": "...", "num_episodes": E}          # extra keys are allowed
+    states.npy        float32 (N, 5), optional. For Push-T: agent_x, agent_y, block_x, block_y,
+                                            block_angle, as gym_pusht's state observation gives them:
+                                            simulator units 0..512 (pixel column = x / 512 * H,
+                                            pixel row = y / 512 * H, y is not flipped), (block_x,
+                                            block_y) is the T's body origin (middle of the top edge
+                                            of its bar, not its centre of mass), angle in radians
+                                            wrapped to [0, 2*pi). For testing pixel-based physics
+                                            metrics; training never reads it.
+
+A hand-written dataset, e.g. two episodes of 3 and 2 frames:
+
+    np.save('DIR/frames.npy', frames.astype(np.uint8))        # (5, 64, 64, 3)
+    np.save('DIR/actions.npy', actions.astype(np.float32))    # (5, 2)
+    np.save('DIR/episode_ends.npy', np.array([3, 5], dtype=np.int64))
+    json.dump({...}, open('DIR/meta.json', 'w'))
+
+load_dataset() checks all of the above and raises DatasetError naming the file and the problem.
+"""
+import json
+import math
+import os
+import secrets
+import shutil
+
+import numpy as np
+
+# -----------------------------------------------------------------------------
+# defaults for `python data.py` (override with --key=value or a config file)
+DEFAULTS = dict(
+    out_dir='data/pusht',   # dataset folder to create
+    num_episodes=100,
+    episode_len=200,        # frames per episode (10 Hz)
+    image_size=64,          # square frames, a multiple of 4
+    num_workers=2,          # collection processes; results do not depend on it
+    seed=0,                 # episode k is seeded from seed + k
+    overwrite=False,        # replace an existing non-empty out_dir
+)
+# -----------------------------------------------------------------------------
+
+META_KEYS = ('fps', 'image_size', 'action_dim', 'action_low', 'action_high', 'source', 'num_episodes')
+CHUNK_ROWS = 1 << 16  # rows per chunk when scanning big (memory-mapped) arrays
+
+
+class DatasetError(ValueError):
+    """A dataset folder is missing, malformed or inconsistent; the message names the file."""
+
+
+# -----------------------------------------------------------------------------
+# loading and validation
+
+def _load_npy(data_dir, name, mmap=True, required=True):
+    path = os.path.join(data_dir, name)
+    if not os.path.isfile(path):
+        if required:
+            raise DatasetError(f"{path}: file is missing")
+        return None
+    try:
+        with open(path, 'rb') as f:
+            is_npy = f.read(6) == b'\x93NUMPY'
+        # allow_pickle=False: a dataset is data, never code
+        arr = np.load(path, mmap_mode='r' if mmap else None, allow_pickle=False) if is_npy else None
+    except Exception as e:
+        raise DatasetError(f"{path}: cannot be read as a .npy array ({type(e).__name__}: {e})")
+    if arr is None:
+        raise DatasetError(f"{path}: not a .npy file (bad header); write it with np.save")
+    return arr
+
+
+def _check_finite(arr, path):
+    # chunked so a memory-mapped array is never pulled into memory whole
+    for i in range(0, len(arr), CHUNK_ROWS):
+        chunk = np.asarray(arr[i:i + CHUNK_ROWS])
+        if not np.isfinite(chunk).all():
+            bad = i + int(np.argwhere(~np.isfinite(chunk))[0][0])
+            raise DatasetError(f"{path}: contains NaN or Inf (first at row {bad})")
+
+
+def load_dataset(data_dir):
+    """Open a dataset folder (arrays memory-mapped), validate it, return a dict of its parts."""
+    if not os.path.isdir(data_dir):
+        raise DatasetError(f"{data_dir}: dataset folder does not exist")
+    p = lambda name: os.path.join(data_dir, name)
+
+    frames = _load_npy(data_dir, 'frames.npy')
+    if frames.dtype != np.uint8:
+        raise DatasetError(f"{p('frames.npy')}: dtype is {frames.dtype}, expected uint8")
+    if frames.ndim != 4 or frames.shape[3] != 3:
+        raise DatasetError(f"{p('frames.npy')}: shape is {frames.shape}, expected (N, H, W, 3)")
+    N, H, W = frames.shape[:3]
+    if N == 0:
+        raise DatasetError(f"{p('frames.npy')}: has no frames")
+    if H != W:
+        raise DatasetError(f"{p('frames.npy')}: frames are {H}x{W}, expected square (H == W)")
+    if H % 4 != 0:
+        raise DatasetError(f"{p('frames.npy')}: image size {H} is not a multiple of 4")
+
+    actions = _load_npy(data_dir, 'actions.npy')
+    if actions.dtype != np.float32:
+        raise DatasetError(f"{p('actions.npy')}: dtype is {actions.dtype}, expected float32")
+    if actions.ndim != 2:
+        raise DatasetError(f"{p('actions.npy')}: shape is {actions.shape}, expected (N, action_dim)")
+    if len(actions) != N:
+        raise DatasetError(f"{p('actions.npy')}: has {len(actions)} rows but frames.npy has {N}")
+    _check_finite(actions, p('actions.npy'))
+
+    ends = _load_npy(data_dir, 'episode_ends.npy', mmap=False)
+    # any integer dtype is accepted (np.array([...]) is int32 on some platforms)
+    if not np.issubdtype(ends.dtype, np.integer):
+        raise DatasetError(f"{p('episode_ends.npy')}: dtype is {ends.dtype}, expected int64")
+    if ends.ndim != 1 or len(ends) == 0:
+        raise DatasetError(f"{p('episode_ends.npy')}: shape is {ends.shape}, expected (num_episodes,) with at least one")
+    ends = ends.astype(np.int64)
+    if (ends < 0).any():
+        raise DatasetError(f"{p('episode_ends.npy')}: contains negative values")
+    lengths = np.diff(ends, prepend=0)
+    if (lengths < 0).any():
+        k = int(np.argmax(lengths < 0))
+        raise DatasetError(f"{p('episode_ends.npy')}: not increasing (entry {k} = {ends[k]} after {ends[k - 1]})")
+    if (lengths == 0).any():
+        k = int(np.argmax(lengths == 0))
+        raise DatasetError(f"{p('episode_ends.npy')}: episode {k} is empty (ends must be strictly increasing and > 0)")
+    if ends[-1] != N:
+        raise DatasetError(f"{p('episode_ends.npy')}: last end is {ends[-1]} but frames.npy has {N} frames")
+
+    states = _load_npy(data_dir, 'states.npy', required=False)
+    if states is not None:
+        if states.dtype != np.float32 or states.ndim != 2:
+            raise DatasetError(f"{p('states.npy')}: dtype/shape is {states.dtype} {states.shape}, expected float32 (N, state_dim)")
+        if len(states) != N:
+            raise DatasetError(f"{p('states.npy')}: has {len(states)} rows but frames.npy has {N}")
+        _check_finite(states, p('states.npy'))
+
+    mpath = p('meta.json')
+    if not os.path.isfile(mpath):
+        raise DatasetError(f"{mpath}: file is missing")
+    try:
+        with open(mpath) as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(f"{mpath}: not valid JSON ({e})")
+    if not isinstance(meta, dict):
+        raise DatasetError(f"{mpath}: must hold a JSON object, got {type(meta).__name__}")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise DatasetError(f"{mpath}: missing keys {missing}")
+    A = actions.shape[1]
+    if meta['image_size'] != H:
+        raise DatasetError(f"{mpath}: image_size is {meta['image_size']!r} but frames.npy holds {H}x{W} images")
+    if meta['action_dim'] != A:
+        raise DatasetError(f"{mpath}: action_dim is {meta['action_dim']!r} but actions.npy has {A} columns")
+    if meta['num_episodes'] != len(ends):
+        raise DatasetError(f"{mpath}: num_episodes is {meta['num_episodes']!r} but episode_ends.npy has {len(ends)}")
+    for k in ('action_low', 'action_high'):
+        v = meta[k]
+        if not (isinstance(v, list) and len(v) == A and all(isinstance(x, (int, float)) for x in v)):
+            raise DatasetError(f"{mpath}: {k} must be a list of {A} numbers, got {v!r}")
+    if not (isinstance(meta['fps'], (int, float)) and meta['fps'] > 0):
+        raise DatasetError(f"{mpath}: fps must be a positive number, got {meta['fps']!r}")
+
+    return dict(frames=frames, actions=actions, episode_ends=ends, meta=meta, states=states)
+
+
+def episode_ranges(episode_ends):
+    """[(start, end), ...] row ranges, end exclusive."""
+    starts = [0] + [int(e) for e in episode_ends[:-1]]
+    return list(zip(starts, [int(e) for e in episode_ends]))
+
+
+# -----------------------------------------------------------------------------
+# splits and action normalization
+
+def split_episodes(num_episodes, val_frac=0.1, seed=0):
+    """Split episode ids into (train_ids, val_ids), sorted; by episode so no clip straddles the split."""
+    if num_episodes < 2:
+        raise DatasetError(f"need at least 2 episodes to split into train and val, got {num_episodes}")
+    if not 0.0 <= val_frac < 1.0:
+        raise ValueError(f"val_frac must be in [0, 1), got {val_frac}")
+    perm = np.random.default_rng(seed).permutation(num_episodes)
+    n_val = min(max(1, round(val_frac * num_episodes)), num_episodes - 1)
+    return sorted(int(i) for i in perm[n_val:]), sorted(int(i) for i in perm[:n_val])
+
+
+def action_stats(actions, episode_ends, episode_ids, eps=1e-3):
+    """Per-dimension min/max of the actions in the given episodes only (pass the train ids)."""
+    ranges = episode_ranges(episode_ends)
+    if len(episode_ids) == 0:
+        raise ValueError("action_stats needs at least one episode id")
+    low = np.full(actions.shape[1], np.inf)
+    high = np.full(actions.shape[1], -np.inf)
+    for i in episode_ids:
+        s, e = ranges[i]
+        for j in range(s, e, CHUNK_ROWS):
+            chunk = np.asarray(actions[j:min(e, j + CHUNK_ROWS)], dtype=np.float64)
+            low = np.minimum(low, chunk.min(0))
+            high = np.maximum(high, chunk.max(0))
+    # a constant dimension would divide by zero: widen it to eps around its value
+    narrow = (high - low) < eps
+    mid = (high + low) / 2
+    low = np.where(narrow, mid - eps / 2, low)
+    high = np.where(narrow, mid + eps / 2, high)
+    return {"low": [float(x) for x in low], "high": [float(x) for x in high]}
+
+
+def _bounds_like(a, stats):
+    if isinstance(a, np.ndarray):
+        dt = a.dtype if np.issubdtype(a.dtype, np.floating) else np.float32
+        return a.astype(dt, copy=False), np.asarray(stats['low'], dt), np.asarray(stats['high'], dt)
+    import torch  # only when given a tensor, so data.py itself stays torch-free
+    if not isinstance(a, torch.Tensor):
+        raise TypeError(f"expected a numpy array or torch tensor, got {type(a).__name__}")
+    a = a if a.is_floating_point() else a.float()
+    low = torch.as_tensor(stats['low'], dtype=a.dtype, device=a.device)
+    high = torch.as_tensor(stats['high'], dtype=a.dtype, device=a.device)
+    return a, low, high
+
+
+def normalize_actions(a, stats):
+    """Map [low, high] to [-1, 1] per dimension (last axis); numpy in, numpy out; tensor in, tensor out."""
+    a, low, high = _bounds_like(a, stats)
+    return (a - low) / (high - low) * 2 - 1
+
+
+def denormalize_actions(a, stats):
+    """Inverse of normalize_actions."""
+    a, low, high = _bounds_like(a, stats)
+    return (a + 1) / 2 * (high - low) + low
+
+
+# -----------------------------------------------------------------------------
+# writing
+
+def _check_out_dir(out_dir, overwrite):
+    """Refuse early (before hours of collection) to clobber existing data."""
+    if os.path.exists(out_dir):
+        if not os.path.isdir(out_dir):
+            raise DatasetError(f"{out_dir}: exists and is not a folder")
+        if os.listdir(out_dir) and not overwrite:
+            raise DatasetError(f"{out_dir}: folder exists and is not empty; refusing to overwrite it "
+                               f"(pass overwrite=True / --overwrite=True to replace it)")
+
+
+def _sibling_dir(out_dir, tag):
+    # a fresh hidden folder next to out_dir (plain mkdir, so the umask applies, unlike tempfile.mkdtemp's 0700)
+    path = os.path.abspath(out_dir)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+    os.makedirs(tmp)
+    return tmp
+
+
+def write_dataset(out_dir, frames_list, actions_list, meta, states_list=None, overwrite=False):
+    """Write per-episode arrays as one dataset folder, atomically (temp folder, validate, rename)."""
+    _check_out_dir(out_dir, overwrite)
+    E = len(frames_list)
+    if E == 0 or len(actions_list) != E or (states_list is not None and len(states_list) != E):
+        raise DatasetError(f"{out_dir}: need one actions (and states) array per episode and at least one "
+                           f"episode; got {E} frames, {len(actions_list)} actions, "
+                           f"{None if states_list is None else len(states_list)} states")
+    for k, (f, a) in enumerate(zip(frames_list, actions_list)):
+        f, a = np.asarray(f), np.asarray(a)
+        # no silent casts: float frames in [0, 1] would turn into black uint8 images
+        if f.dtype != np.uint8 or f.ndim != 4:
+            raise DatasetError(f"{out_dir}: episode {k} frames are {f.dtype} {f.shape}, expected uint8 (T, H, W, 3)")
+        if not np.issubdtype(a.dtype, np.floating) or a.ndim != 2:
+            raise DatasetError(f"{out_dir}: episode {k} actions are {a.dtype} {a.shape}, expected float (T, A)")
+        if len(a) != len(f) or (states_list is not None and len(states_list[k]) != len(f)):
+            raise DatasetError(f"{out_dir}: episode {k} has {len(f)} frames but {len(a)} actions"
+                               + ("" if states_list is None else f" and {len(states_list[k])} states"))
+    lengths = [len(f) for f in frames_list]
+    derived = dict(image_size=int(np.shape(frames_list[0])[1]), action_dim=int(np.shape(actions_list[0])[1]),
+                   num_episodes=E)
+    meta = dict(meta)
+    for k, v in derived.items():
+        if meta.setdefault(k, v) != v:
+            raise DatasetError(f"{out_dir}: meta {k}={meta[k]!r} but the arrays say {v}")
+
+    tmp = _sibling_dir(out_dir, 'tmp')  # same filesystem, so the final rename is atomic
+    try:
+        N = sum(lengths)
+
+        def write_concat(name, arrays, dtype):
+            # stream episodes into a memory-mapped file: never holds the concatenation in memory
+            shape = (N,) + np.asarray(arrays[0]).shape[1:]
+            out = np.lib.format.open_memmap(os.path.join(tmp, name), mode='w+', dtype=dtype, shape=shape)
+            i = 0
+            for x in arrays:
+                x = np.asarray(x)
+                if x.shape[1:] != shape[1:]:
+                    raise DatasetError(f"{out_dir}: {name} episodes differ in shape: {x.shape[1:]} vs {shape[1:]}")
+                out[i:i + len(x)] = x
+                i += len(x)
+            out.flush()
+            del out
+
+        write_concat('frames.npy', frames_list, np.uint8)
+        write_concat('actions.npy', actions_list, np.float32)
+        if states_list is not None:
+            write_concat('states.npy', states_list, np.float32)
+        np.save(os.path.join(tmp, 'episode_ends.npy'), np.cumsum(lengths).astype(np.int64))
+        with open(os.path.join(tmp, 'meta.json'), 'w') as f:
+            json.dump(meta, f, indent=1)
+        try:
+            load_dataset(tmp)  # never rename a dataset into place that we could not read back
+        except DatasetError as e:
+            raise DatasetError(f"{out_dir}: not written, the data fails validation: {e}") from None
+
+        if os.path.exists(out_dir):
+            # move the old folder aside, put the new one in, only then delete the old one
+            old = _sibling_dir(out_dir, 'old')
+            aside = os.path.join(old, 'd')
+            os.rename(out_dir, aside)
+            try:
+                os.rename(tmp, out_dir)
+            except BaseException:
+                os.rename(aside, out_dir)
+                os.rmdir(old)
+                raise
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# -----------------------------------------------------------------------------
+# Push-T collection with a scripted "play" policy
+
+LO, HI = 20.0, 492.0  # keep commanded targets off the walls (walls at 5 and 506, agent radius 15)
+# T in the block's body frame: bar x in [-60, 60], y in [0, 30]; stem x in [-15, 15], y in [30, 120]
+ROT_CONTACTS = [(55.0, 15.0), (-55.0, 15.0), (0.0, 110.0)]  # near the two bar ends and the stem end
+CLEAR = 115.0  # radius around the block's centre that clears the T (max extent 75) plus the agent
+
+
+def _block_centre(env):
+    return np.array(env.block.local_to_world(env.block.center_of_gravity))
+
+
+def _around(start, goal, c, rng, p_skip=0.15):
+    """Waypoints from start to goal that go around the block (centre c) instead of through it."""
+    d = goal - start
+    t = np.clip(np.dot(c - start, d) / max(np.dot(d, d), 1e-9), 0, 1)
+    if np.linalg.norm(start + t * d - c) > 85 or rng.random() < p_skip:  # clear path, or a sloppy "failure"
+        return [goal]
+    a0 = math.atan2(*(start - c)[::-1])
+    a1 = math.atan2(*(goal - c)[::-1])
+    da = (a1 - a0 + math.pi) % (2 * math.pi) - math.pi
+    n = max(1, int(abs(da) // (math.pi / 3)))  # arc points at most 60 degrees apart
+    pts = [c + CLEAR * np.array([math.cos(a0 + da * k / (n + 1)), math.sin(a0 + da * k / (n + 1))])
+           for k in range(1, n + 1)]
+    return pts + [goal]
+
+
+def _new_primitive(env, target, rng):
+    """Pick a primitive; return (waypoints, max step per 10 Hz step, max duration in steps, name)."""
+    c = _block_centre(env)
+    speed = float(np.exp(rng.uniform(np.log(4), np.log(30))))  # log-uniform: slow moves are common too
+    kind = rng.choice(['push', 'rotate', 'contact', 'free', 'pause'], p=[0.4, 0.3, 0.15, 0.1, 0.05])
+    if kind == 'push':
+        # straight push through the centre; mostly toward the arena middle so the T stays in play
+        if rng.random() < 0.5 or np.abs(c - 256).max() > 150:
+            to_mid = np.array([256.0, 256.0]) - c + rng.normal(0, 40, 2)
+            ang = math.atan2(to_mid[1], to_mid[0])
+        else:
+            ang = rng.uniform(-math.pi, math.pi)
+        d = np.array([math.cos(ang), math.sin(ang)])
+        behind = c - d * rng.uniform(95, 120)
+        wps = _around(target, behind, c, rng) + [c + d * rng.uniform(40, 180)]
+    elif kind == 'rotate':
+        # touch near one end of the bar or stem and push tangentially so the T turns about its centre
+        p = np.array(env.block.local_to_world(ROT_CONTACTS[rng.integers(3)]))
+        r = p - c
+        tang = np.array([-r[1], r[0]]) / (np.linalg.norm(r) + 1e-9) * rng.choice([-1.0, 1.0])
+        wps = _around(target, p - tang * 40, c, rng) + [p + tang * rng.uniform(40, 120)]
+    elif kind == 'contact':
+        wps = [c + rng.normal(0, 40, 2) for _ in range(rng.integers(1, 3))]
+    elif kind == 'free':
+        wps = []
+        for _ in range(rng.integers(1, 4)):
+            for _ in range(20):  # waypoints away from the block (it may still be bumped on the way)
+                w = rng.uniform(LO, HI, 2)
+                if np.linalg.norm(w - c) > CLEAR:
+                    break
+            wps.append(w)
+    else:
+        return [], 0.0, int(rng.integers(2, 8)), kind
+    wps = [np.clip(w, LO, HI) for w in wps]
+    path = sum(np.linalg.norm(b - a) for a, b in zip([target] + wps[:-1], wps))
+    # a random time budget: usually enough for the path, sometimes too short so the primitive is cut off (failures)
+    budget = rng.uniform(0.3, 0.8) if rng.random() < 0.15 else rng.uniform(0.9, 1.6)
+    steps = int(path / speed * budget) + int(rng.integers(1, 6))
+    return wps, speed, min(steps, 100), kind
+
+
+def _collect_episode(args):
+    """One Push-T episode; depends only on (seed + index), so results do not depend on the worker count."""
+    index, seed, episode_len, image_size = args
+    os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')  # headless: pygame never opens a window
+    os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
+    from gym_pusht.envs.pusht import PushTEnv
+
+    rng = np.random.default_rng(seed + index)
+    env = PushTEnv(obs_type='pixels', render_mode='rgb_array',
+                   observation_width=image_size, observation_height=image_size)
+    obs, _ = env.reset(seed=int(rng.integers(2 ** 31)))  # the env's own random start state
+    frames = np.empty((episode_len, image_size, image_size, 3), np.uint8)
+    actions = np.empty((episode_len, 2), np.float32)
+    states = np.empty((episode_len, 5), np.float32)
+    target = np.clip(np.array(env.agent.position, dtype=np.float64), LO, HI)
+    wps, speed, steps_left = [], 0.0, 0
+    for i in range(episode_len):
+        frames[i] = obs
+        states[i] = [*env.agent.position, *env.block.position, env.block.angle % (2 * math.pi)]
+        if steps_left <= 0 or (not wps and speed > 0):
+            wps, speed, steps_left, _ = _new_primitive(env, target, rng)
+        steps_left -= 1
+        if wps:
+            # move the commanded target toward the waypoint by at most `speed`, with a little noise
+            d = wps[0] - target
+            dist = np.linalg.norm(d)
+            if dist <= speed:
+                target = wps.pop(0).copy()
+            else:
+                target = target + d / dist * speed
+            target = np.clip(target + rng.normal(0, 1.0, 2), LO, HI)
+        actions[i] = target
+        if i + 1 < episode_len:  # the last action's result is never recorded
+            obs, _, _, _, _ = env.step(actions[i].astype(np.float64))  # `terminated` ignored: play on
+    env.close()
+    return frames, actions, states
+
+
+def generate_pusht(out_dir, num_episodes, episode_len, image_size, num_workers=2, seed=0, overwrite=False):
+    """Collect scripted play episodes in worker processes and write them as a dataset folder.
+
+    Workers are spawned, so a script calling this with num_workers > 1 needs the usual
+    `if __name__ == '__main__':` guard. num_workers <= 1 collects in this process.
+    """
+    from tqdm import tqdm
+    _check_out_dir(out_dir, overwrite)
+    if num_episodes < 1 or episode_len < 2:
+        raise ValueError(f"need num_episodes >= 1 and episode_len >= 2, got {num_episodes}, {episode_len}")
+    if image_size < 4 or image_size % 4 != 0:
+        raise ValueError(f"image_size must be a positive multiple of 4, got {image_size}")
+    jobs = [(i, seed, episode_len, image_size) for i in range(num_episodes)]
+    results = []
+    bar = tqdm(total=num_episodes, desc='pusht episodes', unit='ep')
+    if num_workers <= 1:
+        for job in jobs:
+            results.append(_collect_episode(job))
+            bar.update()
+    else:
+        import multiprocessing as mp
+        # spawn: workers start clean even if the caller has torch threads or a pygame display
+        with mp.get_context('spawn').Pool(num_workers) as pool:
+            for r in pool.imap(_collect_episode, jobs):  # imap keeps episode order
+                results.append(r)
+                bar.update()
+    bar.close()
+    try:
+        from importlib.metadata import version
+        src_version = version('gym_pusht')
+    except Exception:
+        src_version = 'unknown'
+    meta = dict(fps=10, image_size=image_size, action_dim=2, action_low=[0.0, 0.0], action_high=[512.0, 512.0],
+                source=f"gym_pusht {src_version} PushT-v0, scripted play policy (data.py)",
+                num_episodes=num_episodes, episode_len=episode_len, seed=seed)
+    write_dataset(out_dir, [r[0] for r in results], [r[1] for r in results], meta,
+                  states_list=[r[2] for r in results], overwrite=overwrite)
+
+
+if __name__ == '__main__':
+    from common import configure
+    cfg = configure(DEFAULTS)
+    print(cfg)
+    try:
+        generate_pusht(cfg['out_dir'], cfg['num_episodes'], cfg['episode_len'], cfg['image_size'],
+                       num_workers=cfg['num_workers'], seed=cfg['seed'], overwrite=cfg['overwrite'])
+    except (DatasetError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+    print(f"wrote {cfg['num_episodes']} episodes to {cfg['out_dir']}")

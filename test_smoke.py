@@ -1,0 +1,508 @@
+"""
+Smoke tests: tiny configs, data made inside the tests, CPU only, a few minutes in all.
+
+    python -m pytest -q test_smoke.py
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import data
+import metrics
+import model as M
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+ABAR = M.sigmoid_alpha_bar()
+
+
+def _randomize(module, seed=0):
+    """Zero-initialised output layers make a fresh net ignore its inputs; give every weight a value."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return module
+
+
+def _tiny_nets(A=2):
+    enc = M.Encoder(8, 4)
+    dec = M.Decoder((8, 16), (False, True), 4, 32, 2)
+    dyn = M.Dynamics(4, 16, 1, A, 32, 2)
+    return enc, dec, dyn
+
+
+# ---------------------------------------------------------------------------------------- model
+
+
+def test_schedule_matches_the_brief():
+    assert ABAR.shape == (1000,)
+    assert abs(ABAR[999].item() - 3e-7) < 1e-7  # pure noise at the top
+    assert abs((1 - ABAR[15]).sqrt().item() - 0.07) < 0.005  # level 15: std ~0.07
+    assert abs((1 - ABAR[99]).sqrt().item() - 0.2) < 0.01  # level 99: std ~0.2
+    assert M.sample_schedule(3) == [999, 666, 333, 0]
+
+
+def test_jump_identities():
+    x, x0 = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8)
+    t = torch.tensor([999, 500, 10, 2])
+    assert torch.allclose(M.jump(x, x0, t, t), x)  # G(x, t, t) = x
+    assert torch.allclose(M.jump(x, x0, t, torch.zeros_like(t)), x0)  # G(x, t, 0) = x0_hat
+    eps = torch.randn_like(x0)
+    xt = M.add_noise(x0, t, eps, ABAR)
+    v = M._bc(ABAR[t].sqrt(), x0) * eps - M._bc((1 - ABAR[t]).sqrt(), x0) * x0  # the true v
+    assert torch.allclose(M.x0_from_v(xt, t, v, ABAR), x0, atol=1e-5)
+
+
+def test_shapes_through_every_module():
+    enc, dec, dyn = _tiny_nets()
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    z = enc(x)
+    assert z.shape == (2, 4, 8, 8)
+    assert torch.allclose(z.norm(dim=1), torch.ones(2, 8, 8), atol=1e-5)  # unit norm per latent pixel
+    t, s = torch.tensor([999, 500]), torch.tensor([666, 0])
+    assert dec(x, t, s, z).shape == x.shape
+    assert M.decode(dec, z, 3, ABAR, 32).shape == x.shape
+    zw = M.unit_norm(torch.randn(2, 5, 4, 8, 8), 2)
+    a = M.action_input(torch.randn(2, 5, 2), 1)
+    tt, ss = M.dynamics_levels(2, 5, None, 'cpu')
+    assert dyn(zw, tt, ss, a).shape == zw.shape
+    ctx, act = M.init_window(z, 5, 2)
+    assert ctx.shape == (2, 4, 4, 8, 8) and act.shape == (2, 4, 3)
+    znew, ctx2, act2 = M.window_step(dyn, ctx, act, torch.zeros(2, 2), ABAR)
+    assert znew.shape == z.shape and ctx2.shape == ctx.shape and act2.shape == act.shape
+    assert torch.allclose(znew.norm(dim=1), torch.ones(2, 8, 8), atol=1e-5)
+
+
+def test_temporal_attention_is_causal():
+    _, _, dyn = _tiny_nets()
+    _randomize(dyn)
+    z = M.unit_norm(torch.randn(1, 5, 4, 8, 8), 2)
+    a = torch.randn(1, 5, 3)
+    t, s = M.dynamics_levels(1, 5, 15, 'cpu')
+    out1 = dyn(z, t, s, a)
+    z2, a2 = z.clone(), a.clone()
+    z2[:, -1] += 1.0  # change only the last frame and its action
+    a2[:, -1] += 1.0
+    out2 = dyn(z2, t, s, a2)
+    assert torch.allclose(out1[:, :-1], out2[:, :-1], atol=1e-5)  # earlier frames do not see it
+    assert not torch.allclose(out1[:, -1], out2[:, -1])
+
+
+def test_a_few_steps_lower_the_loss_on_a_fixed_batch():
+    torch.manual_seed(0)
+    enc, dec, dyn = _tiny_nets()
+    x = torch.rand(8, 3, 32, 32) * 2 - 1
+    t, s = torch.randint(2, 1000, (8,)), None
+    s = (torch.rand(8) * (t - 1).float()).long() + 1
+
+    def ae_loss():
+        torch.manual_seed(1)  # same eps every time: the loss is a fixed function of the weights
+        return M.decoder_loss(dec, x, enc(x), t, s, ABAR)
+    opt = torch.optim.Adam(list(enc.parameters()) + list(dec.parameters()), 3e-3)
+    before = ae_loss().item()
+    for _ in range(15):
+        opt.zero_grad(); ae_loss().backward(); opt.step()
+    assert ae_loss().item() < 0.8 * before
+
+    z = M.unit_norm(torch.randn(4, 5, 4, 8, 8), 2)
+    a = M.action_input(torch.randn(4, 5, 2), 1)
+
+    def dyn_loss():
+        torch.manual_seed(2)
+        return M.dynamics_loss(dyn, z, a, ABAR)
+    opt = torch.optim.Adam(dyn.parameters(), 3e-3)
+    before = dyn_loss().item()
+    for _ in range(15):
+        opt.zero_grad(); dyn_loss().backward(); opt.step()
+    assert dyn_loss().item() < 0.8 * before
+
+
+def test_save_load_identical_outputs(tmp_path):
+    _, dec, dyn = _tiny_nets()
+    _randomize(dec), _randomize(dyn)
+    path = str(tmp_path / 'c.pt')
+    common.save_checkpoint({'kind': 'test', 'dec': dec.state_dict(), 'dyn': dyn.state_dict(), 'config': {'a': (1, 2)}}, path)
+    assert not os.path.exists(path + '.tmp')  # written atomically
+    ck = common.load_checkpoint(path, expect_kind='test')
+    _, dec2, dyn2 = _tiny_nets()
+    dec2.load_state_dict(ck['dec']), dyn2.load_state_dict(ck['dyn'])
+    z = M.unit_norm(torch.randn(1, 4, 8, 8))
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(M.decode(dec, z, 3, ABAR, 32, g1), M.decode(dec2, z, 3, ABAR, 32, g2))
+    with pytest.raises(SystemExit, match="expected 'dynamics'"):
+        common.load_checkpoint(path, expect_kind='dynamics')
+    with pytest.raises(SystemExit, match='does not exist'):
+        common.load_checkpoint(str(tmp_path / 'nope.pt'))
+
+
+def test_actions_matter_and_seed_reproduces():
+    _, _, dyn = _tiny_nets()
+    _randomize(dyn)
+    z0 = M.unit_norm(torch.randn(1, 4, 8, 8))
+
+    def roll(actions, seed):
+        g = torch.Generator().manual_seed(seed)
+        ctx, act = M.init_window(z0, 4, 2)
+        out = []
+        for a in actions:
+            z, ctx, act = M.window_step(dyn, ctx, act, a[None], ABAR, 15, 1, g)
+            out.append(z)
+        return torch.stack(out)
+    a1 = torch.tensor([[-0.5, 0.5]] * 6)
+    a2 = torch.tensor([[0.8, -0.8]] * 6)
+    r1 = roll(a1, 0)
+    assert torch.equal(r1, roll(a1, 0))  # same seed, same rollout
+    assert (r1 - roll(a2, 0)).abs().mean() > 1e-3  # other actions, other future
+
+
+def test_config_override_rejects_unknown_keys_and_wrong_types(tmp_path):
+    d = dict(a=1, b=0.5, c='x', d=True, e=(1, 2))
+    assert common.configure(d, ['--a=3', '--b=2', '--c=hi', '--d=False', '--e=(3,4)']) == \
+        dict(a=3, b=2.0, c='hi', d=False, e=(3, 4))
+    for bad, msg in [('--zz=1', 'unknown'), ('--a=1.5', 'wants int'), ('--d=1', 'wants bool'), ('--a', 'key=value')]:
+        with pytest.raises(SystemExit, match=msg):
+            common.configure(d, [bad])
+    f = tmp_path / 'rec.py'
+    f.write_text('a = 7\nb = 1e-3\n')
+    assert common.configure(d, [str(f), '--a=8'])['a'] == 8
+    f.write_text('nope = 1\n')
+    with pytest.raises(SystemExit, match='unknown'):
+        common.configure(d, [str(f)])
+
+
+# ------------------------------------------------------------------------------------- pipeline
+
+
+def _run(args, cwd):
+    r = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return r
+
+
+TINY_AE = ['--enc_ch=8', '--dec_ch=(8,16)', '--dec_attn=(False,True)', '--emb_dim=32', '--batch_size=4',
+           '--eval_frames=8', '--log_interval=5']
+TINY_DYN = ['--window=4', '--dyn_ch=16', '--dyn_depth=1', '--dyn_emb=32', '--dyn_heads=2', '--batch_size=4',
+            '--val_episodes=1', '--val_horizon=4', '--log_interval=5']
+
+
+def test_end_to_end_pipeline(tmp_path):
+    """data.py -> train_ae.py -> train_dynamics.py -> rollout.py on a tiny Push-T set, plus resume and
+    the autoencoder mismatch check."""
+    d, ae, dyn, ev = (str(tmp_path / n) for n in ('data', 'ae', 'dyn', 'eval'))
+    r = _run(['data.py', f'--out_dir={d}', '--num_episodes=3', '--episode_len=14', '--image_size=32', '--num_workers=1'], ROOT)
+    assert r.returncode == 0, r.stderr
+    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=6', '--eval_interval=6',
+              '--val_frac=0.34'] + TINY_AE, ROOT)
+    assert r.returncode == 0, r.stderr
+    assert 'val recon PSNR' in r.stdout and os.path.isfile(f'{ae}/ckpt.pt')
+    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=8', '--eval_interval=8',
+              '--val_frac=0.34', '--init_from=resume'] + TINY_AE, ROOT)
+    assert r.returncode == 0, r.stderr
+    assert 'iter 7:' not in r.stdout and common.load_checkpoint(f'{ae}/ckpt.pt')['iter'] == 8  # resumed at 6
+    r = _run(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}/ckpt.pt', f'--out_dir={dyn}', '--max_iters=6',
+              '--eval_interval=6', '--val_frac=0.34'] + TINY_DYN, ROOT)
+    assert r.returncode == 0, r.stderr
+    assert 'open-loop latent MSE' in r.stdout
+    ck = common.load_checkpoint(f'{dyn}/ckpt.pt', expect_kind='dynamics')
+    assert ck['data']['action_stats']['low'] and ck['config']['window'] == 4
+    r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', '--num_episodes=1', '--horizon=5', f'--out_dir={ev}',
+              '--fps_steps=2', f'--lpips_dir={tmp_path}'], ROOT)
+    assert r.returncode == 0, r.stderr
+    m = json.load(open(f'{ev}/metrics.json'))
+    for k in ('model', 'copy_baseline'):
+        for name in ('mse', 'psnr', 'ssim', 'uiqi', 'lpips', 'agent_err_px', 'block_iou'):
+            assert name in m[k]
+        assert m[k]['lpips'] is None  # no AlexNet weights in tmp_path: reported unavailable, not faked
+        assert len(m[k]['curves']['psnr']) == 5
+    assert m['horizon'] == 5 and m['num_episodes'] == 1 and m['fps'] > 0
+    assert os.path.getsize(f'{ev}/rollout.gif') > 0
+    # a different autoencoder (another stage-1 run) is refused by name
+    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={tmp_path}/ae2', '--max_iters=1', '--eval_interval=1',
+              '--val_frac=0.34', '--seed=5'] + TINY_AE, ROOT)
+    assert r.returncode == 0, r.stderr
+    r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', f'--ae_ckpt={tmp_path}/ae2/ckpt.pt', '--horizon=2', f'--out_dir={ev}'], ROOT)
+    assert r.returncode != 0 and 'was trained on encoder' in r.stderr
+    # wrong-typed option is refused before anything runs
+    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=two'], ROOT)
+    assert r.returncode != 0 and 'wants int' in r.stderr
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+def _tiny_episodes(lengths=(5, 3, 4), size=8, seed=0):
+    rng = np.random.default_rng(seed)
+    frames = [rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8) for n in lengths]
+    actions = [rng.uniform(0, 512, (n, 2)).astype(np.float32) for n in lengths]
+    states = [rng.uniform(0, 512, (n, 5)).astype(np.float32) for n in lengths]
+    meta = dict(fps=10, action_low=[0.0, 0.0], action_high=[512.0, 512.0], source='test')
+    return frames, actions, states, meta
+
+
+def test_write_load_round_trip_and_overwrite(tmp_path):
+    frames, actions, states, meta = _tiny_episodes()
+    out = str(tmp_path / 'ds')
+    data.write_dataset(out, frames, actions, meta, states_list=states)
+    d = data.load_dataset(out)
+    assert isinstance(d['frames'], np.memmap)  # memory-mapped, not loaded
+    assert d['episode_ends'].tolist() == [5, 8, 12]
+    assert data.episode_ranges(d['episode_ends']) == [(0, 5), (5, 8), (8, 12)]
+    assert np.array_equal(d['frames'], np.concatenate(frames))
+    assert np.array_equal(d['actions'], np.concatenate(actions))
+    assert np.array_equal(d['states'], np.concatenate(states))
+    assert d['meta']['image_size'] == 8 and d['meta']['action_dim'] == 2 and d['meta']['num_episodes'] == 3
+
+    # existing data is never clobbered by default; overwrite=True replaces it whole
+    with pytest.raises(data.DatasetError, match='refusing to overwrite'):
+        data.write_dataset(out, frames[:1], actions[:1], meta)
+    assert len(data.load_dataset(out)['episode_ends']) == 3
+    data.write_dataset(out, frames[:2], actions[:2], meta, overwrite=True)
+    d = data.load_dataset(out)
+    assert d['episode_ends'].tolist() == [5, 8] and d['states'] is None
+    assert sorted(os.listdir(tmp_path)) == ['ds']  # no temp folders left behind
+
+    # bad data is refused before anything lands on disk
+    actions[1][0, 0] = np.nan
+    with pytest.raises(data.DatasetError, match='NaN'):
+        data.write_dataset(str(tmp_path / 'bad'), frames, actions, meta)
+    assert sorted(os.listdir(tmp_path)) == ['ds']
+
+
+def test_load_rejects_corrupt_datasets_naming_the_file(tmp_path):
+    frames, actions, _, meta = _tiny_episodes()
+    good = str(tmp_path / 'good')
+    data.write_dataset(good, frames, actions, meta)
+
+    def corrupt(name, fix):
+        d = tmp_path / name
+        d.mkdir()
+        for f in os.listdir(good):
+            (d / f).write_bytes(open(os.path.join(good, f), 'rb').read())
+        fix(str(d))
+        return str(d)
+
+    def nan_action(d):
+        a = np.load(f'{d}/actions.npy')
+        a[6, 1] = np.nan
+        np.save(f'{d}/actions.npy', a)
+
+    def edit_meta(d, **kw):
+        m = json.load(open(f'{d}/meta.json'))
+        m.update(kw)
+        json.dump({k: v for k, v in m.items() if v is not None}, open(f'{d}/meta.json', 'w'))
+
+    cases = [
+        ('nan', nan_action, 'actions.npy', 'NaN'),
+        ('ends_order', lambda d: np.save(f'{d}/episode_ends.npy', np.array([5, 3, 12])), 'episode_ends.npy', 'increasing'),
+        ('ends_empty', lambda d: np.save(f'{d}/episode_ends.npy', np.array([5, 5, 12])), 'episode_ends.npy', 'empty'),
+        ('ends_last', lambda d: np.save(f'{d}/episode_ends.npy', np.array([5, 8, 11])), 'episode_ends.npy', 'last end'),
+        ('dtype', lambda d: np.save(f'{d}/actions.npy', np.load(f'{d}/actions.npy').astype(np.float64)),
+         'actions.npy', 'float32'),
+        ('frames_dtype', lambda d: np.save(f'{d}/frames.npy', np.load(f'{d}/frames.npy').astype(np.float32)),
+         'frames.npy', 'uint8'),
+        ('length', lambda d: np.save(f'{d}/actions.npy', np.load(f'{d}/actions.npy')[:-1]), 'actions.npy', 'rows'),
+        ('garbage', lambda d: open(f'{d}/frames.npy', 'wb').write(b'not numpy'), 'frames.npy', 'not a .npy'),
+        ('no_meta', lambda d: os.remove(f'{d}/meta.json'), 'meta.json', 'missing'),
+        ('bad_json', lambda d: open(f'{d}/meta.json', 'w').write('{"fps": '), 'meta.json', 'JSON'),
+        ('meta_key', lambda d: edit_meta(d, fps=None), 'meta.json', 'fps'),
+        ('meta_size', lambda d: edit_meta(d, image_size=16), 'meta.json', 'image_size'),
+    ]
+    for name, fix, fname, words in cases:
+        with pytest.raises(data.DatasetError) as e:
+            data.load_dataset(corrupt(name, fix))
+        assert fname in str(e.value) and words in str(e.value), (name, str(e.value))
+    with pytest.raises(data.DatasetError, match='does not exist'):
+        data.load_dataset(str(tmp_path / 'nowhere'))
+
+
+def test_split_and_action_stats_use_train_only():
+    train, val = data.split_episodes(10, val_frac=0.2, seed=3)
+    assert (train, val) == data.split_episodes(10, val_frac=0.2, seed=3)  # deterministic
+    assert len(val) == 2 and sorted(train + val) == list(range(10))
+    assert len(data.split_episodes(2, val_frac=0.01)[1]) == 1  # always one val and one train episode
+    assert len(data.split_episodes(3, val_frac=0.9)[0]) == 1
+    with pytest.raises(data.DatasetError):
+        data.split_episodes(1)
+
+    # three episodes with disjoint action ranges: stats must see only the ones asked for
+    actions = np.array([[0, 5], [1, 5], [10, 5], [11, 5], [100, 5], [101, 5]], np.float32)
+    ends = np.array([2, 4, 6])
+    stats = data.action_stats(actions, ends, [0, 1])
+    assert stats['low'][0] == 0 and stats['high'][0] == 11  # episode 2 (val) ignored
+    assert stats['high'][1] > stats['low'][1]  # constant dimension widened, no division by zero
+    n = data.normalize_actions(actions[:4], stats)
+    assert isinstance(n, np.ndarray) and np.isfinite(n).all()
+    assert np.allclose(n[[0, 3], 0], [-1, 1]) and np.allclose(n[:, 1], 0)
+    assert np.allclose(data.denormalize_actions(n, stats), actions[:4], atol=1e-4)
+    torch = pytest.importorskip('torch')
+    t = data.normalize_actions(torch.from_numpy(actions[:4]), stats)
+    assert isinstance(t, torch.Tensor) and np.allclose(t.numpy(), n)
+    assert torch.allclose(data.denormalize_actions(t, stats), torch.from_numpy(actions[:4]), atol=1e-4)
+
+
+def test_generate_pusht_shapes_and_motion(tmp_path):
+    out = str(tmp_path / 'pusht')
+    data.generate_pusht(out, num_episodes=2, episode_len=12, image_size=32, num_workers=1, seed=0)
+    d = data.load_dataset(out)
+    assert d['frames'].shape == (24, 32, 32, 3) and d['frames'].dtype == np.uint8
+    assert d['actions'].shape == (24, 2) and d['states'].shape == (24, 5)
+    assert d['episode_ends'].tolist() == [12, 24]
+    assert d['meta']['action_low'] == [0.0, 0.0] and d['meta']['action_high'] == [512.0, 512.0]
+    a, s = np.asarray(d['actions']), np.asarray(d['states'])
+    assert (a >= 0).all() and (a <= 512).all()
+    for lo, hi in data.episode_ranges(d['episode_ends']):
+        assert np.linalg.norm(s[hi - 1, :2] - s[lo, :2]) > 1.0  # the agent moved
+        assert np.abs(np.diff(d['frames'][lo:hi].astype(int), axis=0)).sum() > 0  # and the pixels changed
+    # episodes depend only on seed + index: regenerating one reproduces it exactly
+    again = str(tmp_path / 'again')
+    data.generate_pusht(again, num_episodes=1, episode_len=12, image_size=32, num_workers=1, seed=0)
+    assert np.array_equal(data.load_dataset(again)['frames'], d['frames'][:12])
+
+
+# -------------------------------------------------------------------------------------- metrics
+
+
+def _rand_img(seed, shape=(2, 3, 32, 32)):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, generator=g)
+
+
+def test_ssim_uiqi_identical_is_one():
+    x = _rand_img(0)
+    flat = torch.full((2, 3, 32, 32), 0.37)
+    black = torch.zeros(1, 3, 16, 16)
+    for img in (x, flat, black):
+        assert torch.allclose(metrics.ssim(img, img), torch.ones(len(img)), atol=1e-6)
+        # UIQI: 0/0 terms on flat windows are defined as 1, so this must be exact
+        assert torch.equal(metrics.uiqi(img, img), torch.ones(len(img)))
+
+
+def test_ssim_uiqi_perturbed_below_one():
+    x = _rand_img(0)
+    y = (x + 0.3 * (_rand_img(1) - 0.5)).clamp(0, 1)  # noise var ~0.0075 vs signal var ~0.083
+    s, q = metrics.ssim(x, y), metrics.uiqi(x, y)
+    assert s.shape == (2,) and q.shape == (2,)
+    assert (s < 0.97).all() and (q < 0.97).all()
+    assert (s > 0).all() and (q > 0).all()  # still similar, not garbage
+    # flat target vs textured prediction: structure term 0 -> UIQI about 0
+    flat = torch.full_like(x, 0.5)
+    assert metrics.uiqi(x, flat).abs().max() < 1e-6
+    # a flat image at another grey level: only luminance differs, 2*0.5*0.6/(0.25+0.36)
+    flat2 = torch.full_like(x, 0.6)
+    assert torch.allclose(metrics.uiqi(flat, flat2), torch.full((2,), 0.6 / 0.61), atol=1e-6)
+
+
+def test_mse_psnr_known_values():
+    x = _rand_img(2) * 0.8
+    y = x + 0.1  # constant offset 0.1: mse = 0.01 -> psnr = 10 log10(1/0.01) = 20 dB
+    assert torch.allclose(metrics.mse(x, y), torch.full((2,), 0.01), atol=1e-6)
+    assert torch.allclose(metrics.psnr(x, y), torch.full((2,), 20.0), atol=1e-4)
+    assert torch.allclose(metrics.psnr(x, x), torch.full((2,), 100.0))  # mse clamped at 1e-10
+
+
+def test_load_lpips_unavailable(tmp_path):
+    # weights_dir given -> searched exclusively, so the real torch hub cache cannot interfere
+    model, msg = metrics.load_lpips(weights_dir=str(tmp_path))
+    assert model is None
+    assert msg.startswith("unavailable") and str(tmp_path) in msg
+
+
+def _fake_alexnet_state_dict(seed=0):
+    # torchvision alexnet.features conv layers (index: weight shape)
+    shapes = {0: (64, 3, 11, 11), 3: (192, 64, 5, 5), 6: (384, 192, 3, 3),
+              8: (256, 384, 3, 3), 10: (256, 256, 3, 3)}
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for i, s in shapes.items():
+        sd[f"features.{i}.weight"] = torch.randn(s, generator=g) * 0.05
+        sd[f"features.{i}.bias"] = torch.randn(s[0], generator=g) * 0.05
+    sd["classifier.1.weight"] = torch.zeros(4, 4)  # extra keys (full model file) are ignored
+    return sd
+
+
+def test_lpips_fake_weights(tmp_path):
+    sd = _fake_alexnet_state_dict()
+    torch.save(sd, tmp_path / metrics.ALEXNET_FILE)
+    model, msg = metrics.load_lpips(weights_dir=str(tmp_path))
+    assert model is not None, msg
+    # every backbone tensor must now equal the file's tensor (lpips sliceK.N <- features.N)
+    n = 0
+    for name, p in model.net.state_dict().items():
+        _, idx, param = name.split('.')
+        assert torch.equal(p, sd[f"features.{idx}.{param}"]), name
+        n += 1
+    assert n == 10
+    x, y = _rand_img(3, (2, 3, 64, 64)), _rand_img(4, (2, 3, 64, 64))
+    d_xx, d_xy = metrics.lpips_distance(model, x, x), metrics.lpips_distance(model, x, y)
+    assert d_xx.shape == (2,) and d_xy.shape == (2,)
+    assert d_xx.abs().max() < 1e-6
+    assert (d_xy > 1e-4).all()
+
+
+def _render(S, states):
+    """uint8 frames (B, S, S, 3) and true agent positions in frame pixels (B, 2)."""
+    os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')
+    gym = pytest.importorskip("gymnasium")
+    pytest.importorskip("gym_pusht")
+    env = gym.make("gym_pusht/PushT-v0", obs_type="pixels", observation_width=S, observation_height=S)
+    frames, pos = [], []
+    for st in states:
+        obs, _ = env.reset(options={"reset_to_state": st})
+        frames.append(obs)
+        # renderer does not flip y: pixel = sim * S / 512 for both axes
+        pos.append(np.array(env.unwrapped.agent.position) * S / 512)
+    env.close()
+    return np.stack(frames), np.stack(pos)
+
+
+# agent kept clear of the block; the last one sits on the block's stem (drawn on top of it)
+STATES = [[100, 400, 300, 200, 0.5], [420, 90, 200, 300, -1.0], [60, 60, 350, 350, 2.0],
+          [256, 360, 256, 300, 0.0]]
+
+
+@pytest.mark.parametrize("S", [64, 96])
+def test_pusht_agent_centroid_and_block(S):
+    frames, pos = _render(S, STATES)
+    est = metrics.agent_position(frames)
+    assert est.shape == (len(STATES), 2)
+    err = np.linalg.norm(est - pos, axis=1)
+    assert (err < 1.0).all(), err  # measured ~0.1-0.25 px
+    seg = metrics.segment_pusht(frames)
+    assert seg["block"].shape == (len(STATES), S, S)
+    assert (seg["block"].sum((1, 2)) > 50).all()
+    assert not seg["agent"][:, :3].any() and not seg["block"][:, :3].any()  # top wall excluded
+    r = metrics.pusht_physics(frames, frames)
+    assert np.array_equal(r["block_iou"], np.ones(len(STATES)))
+    assert np.array_equal(r["agent_err_px"], np.zeros(len(STATES)))
+    # moving the block (and agent) lowers IoU; errors stay finite
+    r = metrics.pusht_physics(frames[1:], frames[:-1])
+    assert (r["block_iou"] < 0.5).all() and np.isfinite(r["agent_err_px"]).all()
+    assert (r["agent_err_px"] > 5).all()
+
+
+def test_pusht_physics_missing_agent_and_iou_edge_cases():
+    frames, _ = _render(64, STATES[:1])
+    blank = np.full_like(frames, 255)  # a prediction that lost everything
+    assert np.isnan(metrics.agent_position(blank)).all()
+    r = metrics.pusht_physics(blank, frames)
+    assert np.allclose(r["agent_err_px"], np.hypot(64, 64)) and r["block_iou"][0] == 0.0
+    r = metrics.pusht_physics(blank, blank)
+    assert r["agent_err_px"][0] == 0.0 and r["block_iou"][0] == 1.0  # both empty -> IoU 1
+    # small block shift: IoU drops but stays well above 0
+    frames2, _ = _render(64, [[100, 400, 310, 200, 0.5]])
+    iou = metrics.pusht_physics(frames2, frames)["block_iou"][0]
+    assert 0.2 < iou < 0.95, iou
+
+
+def test_import_has_no_side_effects():
+    import subprocess
+    import sys
+    code = ("import sys, metrics; bad = [m for m in ('gym_pusht', 'gymnasium', 'pygame', 'lpips') "
+            "if m in sys.modules]; assert not bad, bad")
+    here = os.path.dirname(os.path.abspath(metrics.__file__))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=here)
