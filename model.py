@@ -307,26 +307,38 @@ class Dynamics(nn.Module):
     causal temporal attention. Convs are per frame (kernel (1,k,k)) and GroupNorm is per frame too, so
     nothing but the causal temporal attention mixes frames."""
 
-    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4):
+    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all'):
         super().__init__()
         self.emb = LevelEmbedding(emb_dim)
         self.act = nn.Sequential(nn.Linear(action_dim + 1, emb_dim),  # + the 'has action' bit (action_input)
                                   nn.SiLU(), nn.Linear(emb_dim, emb_dim))
-        self.conv_in = nn.Conv2d(latent_ch, ch, 5, padding=2)
+        # input conv (1,5,5) over [this frame, the previous frame, 2 coordinate channels]:
+        # - the previous frame (a causal time kernel of 2): the next latent is mostly the last one, and
+        #   with it one conv away the net need not first learn to copy it through attention;
+        # - coordinates: convs are translation-equivariant, but an action like a Push-T target is a
+        #   place in the image, so every latent pixel is told where it is.
+        self.conv_in = nn.Conv2d(2 * latent_ch + 2, ch, 5, padding=2)
         self.attn_in = TemporalAttention(ch, heads)
 
-        def block(cin):
-            return nn.ModuleList([ResBlock(cin, ch, [emb_dim, emb_dim]), SpatialAttention(ch, heads),
-                                  TemporalAttention(ch, heads)])
-        self.down = nn.ModuleList([block(ch) for _ in range(depth)])
-        self.mid = block(ch)
-        self.up = nn.ModuleList([block(2 * ch) for _ in range(depth)])
+        def block(cin, sa):  # spatial_attn 'all' or 'mid' (the cheaper CPU choice: 256 tokens cost)
+            return nn.ModuleList([ResBlock(cin, ch, [emb_dim, emb_dim]),
+                                  SpatialAttention(ch, heads) if sa else nn.Identity(), TemporalAttention(ch, heads)])
+        if spatial_attn not in ('all', 'mid'):
+            raise ValueError(f"spatial_attn must be 'all' or 'mid', got {spatial_attn!r}")
+        every = spatial_attn == 'all'
+        self.down = nn.ModuleList([block(ch, every) for _ in range(depth)])
+        self.mid = block(ch, True)
+        self.up = nn.ModuleList([block(2 * ch, every) for _ in range(depth)])
         self.out = nn.Sequential(norm(ch), nn.SiLU(), zero_init(nn.Conv2d(ch, latent_ch, 3, padding=1)))
 
     def forward(self, x, t, s, a):
         B, T, C, H, W = x.shape
         e = [self.emb(t.reshape(-1), s.reshape(-1)), self.act(a.reshape(B * T, -1))]  # each (B*T, E)
-        h = self.attn_in(self.conv_in(x.reshape(B * T, C, H, W)), T)  # (B*T, ch, H, W)
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, H, device=x.device), torch.linspace(-1, 1, W, device=x.device), indexing='ij')
+        coords = torch.stack([xs, ys])[None].expand(B * T, 2, H, W)  # (B*T, 2, H, W)
+        prev = torch.cat([x[:, :1], x[:, :-1]], 1)  # (B, T, C, H, W): frame j-1 (frame 0 for frame 0)
+        h = torch.cat([x.reshape(B * T, C, H, W), prev.reshape(B * T, C, H, W), coords], 1)  # (B*T, 2C+2, H, W)
+        h = self.attn_in(self.conv_in(h), T)  # (B*T, ch, H, W)
 
         def run(blk, h):
             res, sa, ta = blk
@@ -362,10 +374,13 @@ def dynamics_predict(dyn, x, t, s, a, abar):
     return torch.where(_bc(s[:, -1] == 0, out), unit_norm(out), out)  # re-normalise only a finished latent
 
 
-def dynamics_loss(dyn, z, a, abar, ctx_noise=True):
+def dynamics_loss(dyn, z, a, abar, ctx_noise=True, motion_weight=0.0):
     """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A):
     context frames really noised at U{1..99} (or left clean when ctx_noise is off), the last frame
-    from pure noise (t = 999 -> s = 0), uniform MSE against the true next latent."""
+    from pure noise (t = 999 -> s = 0), MSE against the true next latent. Uniform by default;
+    motion_weight > 0 multiplies the error at latent pixels that change from the previous frame by
+    (1 + motion_weight), so a small moving thing (the Push-T agent is one latent pixel) is not
+    drowned by the static scene."""
     B, T = z.shape[:2]
     t, s = dynamics_levels(B, T, None, z.device)
     if not ctx_noise:
@@ -374,7 +389,12 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True):
     x = add_noise(z.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
     x = x.reshape(z.shape)  # (B, T, C, h, w)
     pred = dynamics_predict(dyn, x, t, s, a, abar)
-    return F.mse_loss(pred, z[:, -1])
+    err = ((pred - z[:, -1]) ** 2).mean(1)  # (B, h, w)
+    if motion_weight > 0:
+        moved = ((z[:, -1] - z[:, -2]) ** 2).sum(1) > 0.01  # (B, h, w) latent pixels that changed
+        w = 1 + motion_weight * moved.float()
+        return (w * err).sum() / w.sum()
+    return err.mean()
 
 
 @torch.no_grad()

@@ -48,32 +48,70 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     ck = load_checkpoint(ckpt_path, expect_kind='dynamics')
     c = ck['config']
     enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
-    dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'])
+    dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'], c['dyn_spatial_attn'])
     dyn.load_state_dict(ck['model'])
     return dyn.to(dev).eval(), enc, dec, ck
 
 
-@torch.no_grad()
-def imagine(dyn, enc, dec, frame0, a_norm, abar, W, level, dsteps, ksteps, gen):
-    """frame0 uint8 (B, S, S, 3), a_norm (B, H, A) -> predicted uint8 frames (B, H, S, S, 3)."""
-    dev = next(dyn.parameters()).device
-    z0 = enc(M.frames_to_tensor(frame0, dev))
-    ctx, act = M.init_window(z0, W, a_norm.shape[-1])
-    out = []
-    for k in range(a_norm.shape[1]):
-        z, ctx, act = M.window_step(dyn, ctx, act, a_norm[:, k].to(dev), abar, level, dsteps, gen)
-        out.append(M.tensor_to_frames(M.decode(dec, z, ksteps, abar, frame0.shape[1], gen)))
-    return np.stack(out, 1)
+class Simulator:
+    """The world model as an environment, batched over N environments:
+
+        sim = Simulator(dyn, enc, dec, ckpt)
+        frame = sim.reset(frames)          # uint8 (N, S, S, 3), or a history (N, T, S, S, 3) + actions (N, T-1, A)
+        frame = sim.step(action)           # action (N, A) in the dataset's units -> uint8 (N, S, S, 3)
+
+    step() is the noisy-context sliding-window sampler: constant cost per frame, for as long as
+    actions keep coming. Actions are normalised with the training statistics in the checkpoint."""
+
+    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, dyn_steps=1, decode_steps=3, seed=0):
+        self.dyn, self.enc, self.dec, self.stats = dyn, enc, dec, ck['data']['action_stats']
+        self.W = window or ck['config']['window']
+        self.level, self.dsteps, self.ksteps = ctx_level, dyn_steps, decode_steps
+        self.dev = next(dyn.parameters()).device
+        self.abar = M.sigmoid_alpha_bar().to(self.dev)
+        self.A, self.S = ck['action_dim'], ck['data']['image_size']
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def _norm(self, a):
+        a = np.asarray(a, dtype=np.float32)
+        if a.shape[-1] != self.A or not np.isfinite(a).all():
+            raise ValueError(f"actions must be finite with {self.A} numbers each, got shape {a.shape}")
+        return torch.from_numpy(D.normalize_actions(a, self.stats)).float().to(self.dev)
+
+    @torch.no_grad()
+    def reset(self, frames, actions=None):
+        frames = np.asarray(frames)
+        if frames.ndim == 4:
+            frames = frames[:, None]  # (N, 1, S, S, 3)
+        if frames.ndim != 5 or frames.shape[2:] != (self.S, self.S, 3) or frames.dtype != np.uint8:
+            raise ValueError(f"frames must be uint8 (N, {self.S}, {self.S}, 3) or (N, T, ...), got {frames.dtype} {frames.shape}")
+        N, T = frames.shape[:2]
+        z = self.enc(M.frames_to_tensor(frames.reshape(N * T, self.S, self.S, 3), self.dev))
+        z = z.reshape(N, T, *z.shape[1:])  # (N, T, C, h, w)
+        self.ctx, self.act = M.init_window(z[:, 0], self.W, self.A)
+        if T > 1:  # a recorded history: slide the real latents in with the actions that produced them
+            a = self._norm(actions).reshape(N, T - 1, self.A)
+            for k in range(1, T):
+                self.ctx = torch.cat([self.ctx[:, 1:], z[:, k:k + 1]], 1)
+                self.act = torch.cat([self.act[:, 1:], M.action_input(a[:, k - 1], 1)[:, None]], 1)
+        return frames[:, -1]
+
+    @torch.no_grad()
+    def step(self, action):
+        z, self.ctx, self.act = M.window_step(self.dyn, self.ctx, self.act, self._norm(action), self.abar,
+                                              self.level, self.dsteps, self.gen)
+        return M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))
 
 
-def score(pred_u8, true_u8, lp):
-    """Per-frame metrics of uint8 frames (N, S, S, 3) -> dict of (N,) numpy arrays."""
+def score(pred_u8, true_u8, lp, pusht=True):
+    """Per-frame metrics of uint8 frames (N, S, S, 3) -> dict of (N,) numpy arrays (None: not measured).
+    The physics read from pixels only means something on Push-T frames."""
     x = torch.from_numpy(pred_u8).permute(0, 3, 1, 2).float() / 255
     y = torch.from_numpy(true_u8).permute(0, 3, 1, 2).float() / 255
     r = {'mse': Mx.mse(x, y).numpy(), 'psnr': Mx.psnr(x, y).numpy(), 'ssim': Mx.ssim(x, y).numpy(),
          'uiqi': Mx.uiqi(x, y).numpy()}
     r['lpips'] = Mx.lpips_distance(lp, x, y).numpy() if lp is not None else None
-    r.update(Mx.pusht_physics(pred_u8, true_u8))
+    r.update(Mx.pusht_physics(pred_u8, true_u8) if pusht else {'agent_err_px': None, 'block_iou': None})
     return r
 
 
@@ -92,7 +130,6 @@ def main(cfg):
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
     W = cfg['window'] or ck['config']['window']
-    stats = ck['data']['action_stats']
     ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
     S = ds['frames'].shape[1]
     if S != ck['data']['image_size'] or ds['actions'].shape[1] != ck['action_dim']:
@@ -104,38 +141,38 @@ def main(cfg):
     if not val_ids:
         raise SystemExit(f"no held-out episode is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
-    abar = M.sigmoid_alpha_bar().to(dev)
     print(f"rolling out {len(eps)} held-out episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, "
           f"dynamics steps {cfg['dyn_steps']}, decoder steps {cfg['decode_steps']}, seed {cfg['seed']}")
 
-    gen = torch.Generator().manual_seed(cfg['seed'])
+    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['dyn_steps'], cfg['decode_steps'], cfg['seed'])
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
     acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
-    a_norm = torch.from_numpy(D.normalize_actions(acts.astype(np.float32), stats)).float()
     t0 = time.time()
-    pred = np.concatenate([imagine(dyn, enc, dec, true[b:b + cfg['batch_size'], 0], a_norm[b:b + cfg['batch_size']], abar, W,
-                                   cfg['ctx_level'], cfg['dyn_steps'], cfg['decode_steps'], gen)
-                           for b in range(0, len(eps), cfg['batch_size'])])  # (E, H, S, S, 3)
+    pred = []
+    for b in range(0, len(eps), cfg['batch_size']):  # episodes in parallel, open loop from the first frame
+        sim.reset(true[b:b + cfg['batch_size'], 0])
+        pred.append(np.stack([sim.step(acts[b:b + cfg['batch_size'], k]) for k in range(H)], 1))
+    pred = np.concatenate(pred)  # (E, H, S, S, 3)
     print(f"rollout took {time.time()-t0:.1f} s")
 
     lp, lp_msg = Mx.load_lpips(cfg['lpips_dir'] or None)
     print(f"LPIPS: {'AlexNet weights loaded' if lp is not None else lp_msg}")
     E = len(eps)
+    pusht = 'pusht' in str(ds['meta'].get('source', '')).lower().replace('-', '').replace('_', '')
     tgt = true[:, 1:].reshape(E * H, S, S, 3)  # (E*H, S, S, 3)
     copy = np.repeat(true[:, :1], H, axis=1).reshape(E * H, S, S, 3)  # the first frame, held
     res = {}
     for name, frames in (('model', pred.reshape(E * H, S, S, 3)), ('copy_baseline', copy)):
-        r = score(frames, tgt, lp)
+        r = score(frames, tgt, lp, pusht)
         res[name] = {k: (None if r[k] is None else float(r[k].mean())) for k in METRICS}
         res[name]['curves'] = {k: (None if r[k] is None else r[k].reshape(E, H).mean(0).round(6).tolist()) for k in METRICS}
 
     # live-loop speed: batch 1, dynamics + decoder, after warm-up
-    ctx, act = M.init_window(enc(M.frames_to_tensor(true[:1, 0], dev)), W, a_norm.shape[-1])
+    sim.reset(true[:1, 0])
     for k in range(3 + cfg['fps_steps']):
         if k == 3:
             t0 = time.time()
-        z, ctx, act = M.window_step(dyn, ctx, act, a_norm[:1, k % H].to(dev), abar, cfg['ctx_level'], cfg['dyn_steps'], gen)
-        M.decode(dec, z, cfg['decode_steps'], abar, S, gen)
+        sim.step(acts[:1, k % H])
     if dev == 'cuda':
         torch.cuda.synchronize()
     fps = cfg['fps_steps'] / (time.time() - t0)

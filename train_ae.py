@@ -117,22 +117,25 @@ def main():
     abar = M.sigmoid_alpha_bar().to(dev)
     it, best = 0, -1.0
     run_cfg = dict(config)
+    # the fine-tune reads the stage-1 checkpoint and writes its own, so the original is never lost
+    save_path = os.path.join(out_dir, 'ckpt_finetune.pt' if finetune else 'ckpt.pt')
+    ck = None
     if init_from == 'resume' or finetune:
-        ck = load_checkpoint(ckpt_path, expect_kind='ae')
+        ck = load_checkpoint(save_path if init_from == 'resume' else ckpt_path, expect_kind='ae')
         for k in ('enc_ch', 'dec_ch', 'dec_attn', 'latent_ch', 'emb_dim', 'heads'):
             if tuple(np.atleast_1d(ck['config'][k]).tolist()) != tuple(np.atleast_1d(config[k]).tolist()):
-                raise SystemExit(f"{ckpt_path}: checkpoint has {k}={ck['config'][k]!r}, this run has {config[k]!r}")
+                raise SystemExit(f"checkpoint in {out_dir} has {k}={ck['config'][k]!r}, this run has {config[k]!r} "
+                                 f"(pass the same config file as the run that wrote it)")
         enc.load_state_dict(ck['encoder'])
         dec.load_state_dict(ck['decoder'])
-        if init_from == 'resume' and not (finetune and not ck['config'].get('finetune', False)):
-            it, best = ck['iter'], ck.get('best_psnr', -1.0)
     if finetune:
         enc.requires_grad_(False)
     params = list(dec.parameters()) + ([] if finetune else list(enc.parameters()))
     base_lr = lr * (0.1 if finetune else 1.0)
     opt = torch.optim.AdamW(params, lr=base_lr, weight_decay=weight_decay)
-    if init_from == 'resume' and 'optimizer' in ck and ck['config'].get('finetune', False) == finetune:
+    if init_from == 'resume':
         opt.load_state_dict(ck['optimizer'])
+        it, best = ck['iter'], ck['best_psnr']
     enc_run = torch.compile(enc) if compile else enc
     dec_run = torch.compile(dec) if compile else dec
     print(f"encoder {sum(p.numel() for p in enc.parameters())/1e6:.3f}M, decoder {sum(p.numel() for p in dec.parameters())/1e6:.3f}M params, device {dev}")
@@ -143,7 +146,7 @@ def main():
         r = min(1.0, (i - warmup_iters) / max(1, max_iters - warmup_iters))
         return min_lr * (base_lr / lr) + 0.5 * (1 + math.cos(math.pi * r)) * (base_lr - min_lr * (base_lr / lr))
 
-    def save(psnr_val, tag='ckpt.pt'):
+    def save(psnr_val):
         save_checkpoint({
             'kind': 'ae', 'encoder': enc.state_dict(), 'decoder': dec.state_dict(), 'optimizer': opt.state_dict(),
             'iter': it, 'best_psnr': best, 'val_psnr': psnr_val, 'config': run_cfg,
@@ -152,7 +155,7 @@ def main():
                      'val_ids': val_ids.tolist() if hasattr(val_ids, 'tolist') else list(val_ids),
                      'action_stats': stats},
             'encoder_fingerprint': fingerprint(enc.state_dict()),
-        }, os.path.join(out_dir, tag))
+        }, save_path)
 
     rng = np.random.default_rng(seed + it)
     trng = torch.Generator().manual_seed(seed + it)

@@ -35,6 +35,8 @@ dyn_ch = 64
 dyn_depth = 2
 dyn_emb = 128
 dyn_heads = 4
+dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the middle one ('mid')
+motion_weight = 0.0  # > 0: extra loss weight on latent pixels that change (see model.dynamics_loss)
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
 # optimisation
 batch_size = 16
@@ -133,13 +135,13 @@ def main():
     tgt = np.concatenate([np.arange(ranges[i][0] + 1, ranges[i][1]) for i in train_ids])
     tgt_start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in train_ids])
 
-    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads).to(dev)
+    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn).to(dev)
     abar = M.sigmoid_alpha_bar().to(dev)
     opt = torch.optim.AdamW(dyn.parameters(), lr=lr, weight_decay=weight_decay)
     it, best = 0, float('inf')
     run_cfg = dict(config)
     if resume is not None:
-        for k in ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads'):
+        for k in ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn'):
             if resume['config'][k] != config[k]:
                 raise SystemExit(f"{ckpt_path}: checkpoint has {k}={resume['config'][k]!r}, this run has {config[k]!r}")
         dyn.load_state_dict(resume['model'])
@@ -179,7 +181,7 @@ def main():
         pick = rng.integers(0, len(tgt), batch_size)
         fidx, act = make_windows(tgt[pick], tgt_start[pick], window, A, a_norm)
         z = z_all[fidx].to(dev)  # (B, W, C, h, w)
-        loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise)
+        loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise, motion_weight)
         if not torch.isfinite(loss):
             raise SystemExit(f"iter {it}: loss is {loss.item()}; stopping, last good checkpoint left untouched")
         opt.zero_grad(set_to_none=True)
