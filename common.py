@@ -10,14 +10,21 @@ sets one default; the value is parsed as a Python literal when it can be and mus
 keep the default's type (an int default takes an int, a float default an int or a
 float). Unknown keys and wrong types are errors, so a typo never silently trains
 the wrong model.
+
+Distributed training (torchrun), RNG state for exact resume, and start-up checks of out_dir live
+here too, so both trainers do them the same way.
 """
 import ast
+import contextlib
 import hashlib
 import os
+import random
+import shutil
 import sys
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import model as M
 
@@ -86,11 +93,27 @@ def pick_device(name='auto'):
 
 
 def save_checkpoint(obj, path):
-    """Write atomically: a temp file in the same folder, then rename, so a crash never leaves half a checkpoint."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Write atomically: a temp file in the same folder, fsync, then rename, so a crash (or a full disk)
+    never leaves half a checkpoint and never costs the previous one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     tmp = path + '.tmp'
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the checkpoint
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise SystemExit(f"cannot write checkpoint {path!r} ({e}); the previous one, if any, is untouched")
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every OS)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load_checkpoint(path, expect_kind=None):
@@ -136,3 +159,159 @@ def load_autoencoder(path, dev, expect_fingerprint=None):
                          f"{expect_fingerprint}: its latents mean something else. Use the stage-1 checkpoint it was trained on.")
     enc.requires_grad_(False), dec.requires_grad_(False)
     return enc, dec, ck, fp
+
+
+def keep_copy(src, dst):
+    """dst becomes a copy of the finished checkpoint src (the best one): a hard link when the file
+    system has them (no second write), else a copy; atomic either way."""
+    tmp = dst + '.tmp'
+    with contextlib.suppress(OSError):
+        os.remove(tmp)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise SystemExit(f"cannot write checkpoint {dst!r} ({e}); the previous one, if any, is untouched")
+
+
+def check_finite_weights(modules, it, path):
+    """Never write a checkpoint with NaN/Inf weights over a good one."""
+    for m in modules:
+        for name, p in m.named_parameters():
+            if not torch.isfinite(p).all():
+                raise SystemExit(f"iter {it}: weight {name} is not finite; not writing {path!r}, "
+                                 f"the last good checkpoint is untouched")
+
+
+# ---------------------------------------------------------------------------- start-up checks
+
+
+def checkpoint_bytes(trained, frozen=()):
+    """Rough size of a checkpoint: weights + two AdamW moments for trained modules, weights for frozen."""
+    n = lambda ms: sum(p.numel() * p.element_size() for m in ms for p in m.parameters())
+    return 3 * n(trained) + n(frozen) + (1 << 20)
+
+
+def check_out_dir(out_dir, need_bytes=0, rank=0):
+    """Fail at start-up, not after an hour: out_dir must take a file (probe written and removed) and
+    the disk must have room for need_bytes more."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f'.write_probe_{rank}')
+        with open(probe, 'wb') as f:
+            f.write(b'\0' * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"out_dir {out_dir!r} is not writable ({type(e).__name__}: {e})")
+    free = shutil.disk_usage(out_dir).free
+    if free < need_bytes:
+        raise SystemExit(f"out_dir {out_dir!r} has {free / 2**20:.0f} MiB free, this run needs about "
+                         f"{need_bytes / 2**20:.0f} MiB (checkpoints written as temp file + rename, latest and best)")
+
+
+def _same(a, b):
+    """Config values compared as plain data: a tuple and a list with the same items are the same."""
+    norm = lambda v: tuple(norm(x) for x in v) if isinstance(v, (list, tuple)) else v
+    return norm(a) == norm(b)
+
+
+def check_compatible(path, ck_config, config, keys, extra=()):
+    """Refuse a checkpoint written by a different run. keys: config keys that must agree; extra:
+    (name, in checkpoint, in this run) triples for derived facts (data folder, split, latent shape).
+    Every difference is named in one message."""
+    bad = [f"{k}: checkpoint {ck_config.get(k, '<missing>')!r}, this run {config[k]!r}"
+           for k in keys if not _same(ck_config.get(k, '<missing>'), config[k])]
+    bad += [f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in extra if not _same(a, b)]
+    if bad:
+        raise SystemExit(f"checkpoint {path!r} was written by a different run:\n  " + "\n  ".join(bad)
+                         + "\n(pass the same config file and data as the run that wrote it)")
+
+
+# ---------------------------------------------------------------------------- distributed (torchrun)
+
+
+def ddp_setup(device_name='auto'):
+    """-> (ddp, rank, local_rank, world_size, device). torchrun sets RANK, LOCAL_RANK and WORLD_SIZE;
+    without them this is one plain process. nccl with one GPU per process on CUDA, gloo on CPU."""
+    if 'RANK' not in os.environ:
+        return False, 0, 0, 1, pick_device(device_name)
+    rank, local, world = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
+    dev = pick_device(device_name)
+    if dev.startswith('cuda'):
+        dev = f'cuda:{local}'
+        torch.cuda.set_device(dev)
+    elif dev != 'cpu':
+        raise SystemExit(f"distributed training runs on cuda (nccl) or cpu (gloo), not on {dev!r}")
+    dist.init_process_group(backend='nccl' if dev.startswith('cuda') else 'gloo')
+    return True, rank, local, world, dev
+
+
+def ddp_cleanup():
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def ddp_sync(modules, sync):
+    """Context for one micro-step: DDP all-reduces gradients only when sync is True (the last micro-step
+    of an accumulation); forward and backward must both run inside it."""
+    stack = contextlib.ExitStack()
+    if not sync:
+        for m in modules:
+            if isinstance(m, torch.nn.parallel.DistributedDataParallel):
+                stack.enter_context(m.no_sync())
+    return stack
+
+
+def all_gather(obj, ddp):
+    """[obj of rank 0, obj of rank 1, ...] on every rank (just [obj] without DDP)."""
+    if not ddp:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# ---------------------------------------------------------------------------- random streams
+
+
+def seed_streams(*key):
+    """Seed every RNG a trainer uses from one integer key (seed, ...): the global torch RNG (CPU and
+    all CUDA devices: noise inside the losses), python random, and return a fresh numpy Generator
+    (batch indices) and torch.Generator (noise levels). SeedSequence children keep them independent."""
+    kids = np.random.SeedSequence([int(k) for k in key]).spawn(4)
+    word = lambda ss: int(ss.generate_state(1, np.uint64)[0])
+    torch.manual_seed(word(kids[1]))
+    random.seed(word(kids[2]))
+    return np.random.default_rng(kids[0]), torch.Generator().manual_seed(word(kids[3]))
+
+
+def rng_state(np_rng, gen=None):
+    """Every RNG state of this process as plain data (tensors, dicts, lists, ints), loadable with
+    weights_only=True."""
+    st = {'torch': torch.get_rng_state(), 'numpy': np_rng.bit_generator.state}
+    v, words, gauss = random.getstate()
+    st['python'] = [v, list(words), gauss]  # a tuple of ints -> a list
+    if gen is not None:
+        st['gen'] = gen.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st['cuda'] = torch.cuda.get_rng_state()  # this process's device
+    return st
+
+
+def set_rng_state(st, np_rng, gen=None):
+    """Inverse of rng_state."""
+    torch.set_rng_state(st['torch'])
+    np_rng.bit_generator.state = st['numpy']
+    v, words, gauss = st['python']
+    random.setstate((v, tuple(words), gauss))
+    if gen is not None:
+        gen.set_state(st['gen'])
+    if 'cuda' in st and torch.cuda.is_available() and torch.cuda.is_initialized():  # a CUDA run
+        torch.cuda.set_rng_state(st['cuda'])

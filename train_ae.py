@@ -7,6 +7,9 @@ loss only (Wang et al. 2026, arXiv 2603.08546, sec. on the autoencoder).
 --finetune=True runs the optional decoder fine-tune on an existing checkpoint in out_dir: encoder
 frozen, t = 999, s from the interior points of the sampling schedule, small Gaussian noise on z so
 the decoder tolerates imperfect predicted latents, lr x 0.1.
+
+Several GPUs (or CPU processes, gloo): torchrun --standalone --nproc_per_node=N train_ae.py ...
+Global batch per optimizer step = batch_size * grad_accum * N (batch_size is per micro-batch and rank).
 """
 import math
 import os
@@ -14,11 +17,15 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data as D
 import metrics as Mx
 import model as M
-from common import config_from_globals, fingerprint, load_checkpoint, pick_device, save_checkpoint, save_grid
+from common import (all_gather, check_compatible, check_finite_weights, check_out_dir, checkpoint_bytes,
+                    config_from_globals, ddp_cleanup, ddp_setup, ddp_sync, fingerprint, keep_copy, load_checkpoint,
+                    rng_state, save_checkpoint, save_grid, seed_streams, set_rng_state)
 
 # ---------------------------------------------------------------------------- defaults
 data_dir = 'data/pusht64'
@@ -41,7 +48,8 @@ both_terms = False  # True: both loss terms for every sample (2 passes); False: 
 p_sched = 0.5  # fraction of samples whose (t, s) is a consecutive pair of the K-jump sampling path
 ft_z_noise = 0.02  # fine-tune: std of Gaussian noise added to z
 # optimisation
-batch_size = 16
+batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
+grad_accum = 1  # micro-batches per rank per optimizer step
 max_iters = 3000
 lr = 2e-3
 min_lr = 2e-4
@@ -52,7 +60,13 @@ grad_clip = 1.0
 log_interval = 50
 eval_interval = 500
 eval_frames = 64
+ckpt_interval = 0  # write the latest checkpoint every this many iters (0 = eval_interval); evals write it too
 seed = 0
+# 'stream': each rank draws its batches and noise from its own RNG streams (saved in the checkpoint, so
+# a resume is exact); 'micro': every micro-batch reseeds from (seed, iter, global micro-batch index), so
+# a step's global batch is the same however it is split (2 ranks x grad_accum 1 == 1 rank x grad_accum 2)
+sample_seed = 'stream'
+debug_nan_at_iter = -1  # test hook: a NaN in rank 0's loss at the step logged as this iter
 device = 'auto'
 compile = False
 # ------------------------------------------------------------------------------------
@@ -91,41 +105,55 @@ def evaluate(enc, dec, frames_u8, abar, dev, K, gen_seed=0):
     return Mx.psnr(a, b).mean().item(), Mx.ssim(a, b).mean().item(), recon
 
 
+ARCH_KEYS = ('enc_ch', 'dec_ch', 'dec_attn', 'latent_ch', 'emb_dim', 'heads')
+
+
 def main():
-    torch.manual_seed(seed)
-    dev = pick_device(device)
-    os.makedirs(out_dir, exist_ok=True)
+    ddp, rank, local_rank, world, dev = ddp_setup(device)
+    master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
+    if sample_seed not in ('stream', 'micro') or grad_accum < 1:
+        raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    if not os.access(out_dir, os.W_OK):
-        raise SystemExit(f"out_dir {out_dir!r} is not writable")
+    # the fine-tune reads the stage-1 checkpoint and writes its own, so the original is never lost
+    save_path = os.path.join(out_dir, 'ckpt_finetune.pt' if finetune else 'ckpt.pt')
+    best_path = save_path[:-len('.pt')] + '_best.pt'
+
+    torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    enc = M.Encoder(enc_ch, latent_ch).to(dev)
+    dec = M.Decoder(dec_ch, dec_attn, latent_ch, emb_dim, heads).to(dev)
+    # room for the latest, the best and one being written; checked before any data is read
+    est = checkpoint_bytes([dec], [enc]) if finetune else checkpoint_bytes([enc, dec])
+    check_out_dir(out_dir, 3 * est, rank)
 
     ds = D.load_dataset(data_dir)
     ends = ds['episode_ends']
     ranges = D.episode_ranges(ends)
     train_ids, val_ids = D.split_episodes(len(ends), val_frac, split_seed)
+    train_ids, val_ids = [int(i) for i in train_ids], [int(i) for i in val_ids]
     stats = D.action_stats(ds['actions'], ends, train_ids)
     train_idx = np.concatenate([np.arange(*ranges[i]) for i in train_ids])
     val_idx = np.concatenate([np.arange(*ranges[i]) for i in val_ids])
     S = int(ds['frames'].shape[1])
     val_pick = np.sort(np.random.default_rng(0).choice(val_idx, min(eval_frames, len(val_idx)), replace=False))
     val_frames = np.asarray(ds['frames'][val_pick])
-    print(f"data {data_dir}: {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
-          f"{len(train_idx)} train frames, {S}x{S}")
+    if master:
+        print(f"data {data_dir}: {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
+              f"{len(train_idx)} train frames, {S}x{S}")
 
-    enc = M.Encoder(enc_ch, latent_ch).to(dev)
-    dec = M.Decoder(dec_ch, dec_attn, latent_ch, emb_dim, heads).to(dev)
     abar = M.sigmoid_alpha_bar().to(dev)
-    it, best = 0, -1.0
+    it, best, last_val = 0, -1.0, None
     run_cfg = dict(config)
-    # the fine-tune reads the stage-1 checkpoint and writes its own, so the original is never lost
-    save_path = os.path.join(out_dir, 'ckpt_finetune.pt' if finetune else 'ckpt.pt')
     ck = None
     if init_from == 'resume' or finetune:
-        ck = load_checkpoint(save_path if init_from == 'resume' else ckpt_path, expect_kind='ae')
-        for k in ('enc_ch', 'dec_ch', 'dec_attn', 'latent_ch', 'emb_dim', 'heads'):
-            if tuple(np.atleast_1d(ck['config'][k]).tolist()) != tuple(np.atleast_1d(config[k]).tolist()):
-                raise SystemExit(f"checkpoint in {out_dir} has {k}={ck['config'][k]!r}, this run has {config[k]!r} "
-                                 f"(pass the same config file as the run that wrote it)")
+        src = save_path if init_from == 'resume' else ckpt_path
+        ck = load_checkpoint(src, expect_kind='ae')
+        keys, extra = ARCH_KEYS, []
+        if init_from == 'resume':  # a resume must continue the same run: same stage, data and split too
+            d = ck['data']
+            keys = ARCH_KEYS + ('finetune',)
+            extra = [('data_dir', d['data_dir'], os.path.abspath(data_dir)), ('image_size', d['image_size'], S),
+                     ('train_ids', d['train_ids'], train_ids), ('val_ids', d['val_ids'], val_ids)]
+        check_compatible(src, ck['config'], config, keys, extra)
         enc.load_state_dict(ck['encoder'])
         dec.load_state_dict(ck['decoder'])
     if finetune:
@@ -133,12 +161,30 @@ def main():
     params = list(dec.parameters()) + ([] if finetune else list(enc.parameters()))
     base_lr = lr * (0.1 if finetune else 1.0)
     opt = torch.optim.AdamW(params, lr=base_lr, weight_decay=weight_decay)
+    np_rng, trng = seed_streams(seed, 0, rank)  # this rank's streams: batch indices, noise levels, noise
     if init_from == 'resume':
         opt.load_state_dict(ck['optimizer'])
-        it, best = ck['iter'], ck['best_psnr']
+        it, best, last_val = ck['iter'], ck['best_psnr'], ck.get('val_psnr')
+        states = ck.get('rng')
+        if states is not None and len(states) == world:
+            set_rng_state(states[rank], np_rng, trng)
+        else:  # another world size: there is no stream to continue, start fresh ones (not bit-exact)
+            np_rng, trng = seed_streams(seed, 0, rank, it)
+            if master:
+                print(f"warning: checkpoint has RNG states for {len(states) if states else 0} ranks, this run has "
+                      f"{world}; new random streams from iter {it} (the resume is not bit-exact)")
     enc_run = torch.compile(enc) if compile else enc
     dec_run = torch.compile(dec) if compile else dec
-    print(f"encoder {sum(p.numel() for p in enc.parameters())/1e6:.3f}M, decoder {sum(p.numel() for p in dec.parameters())/1e6:.3f}M params, device {dev}")
+    if ddp:  # wrap the (compiled) modules; checkpoints always take the raw enc / dec
+        ids = [local_rank] if dev.startswith('cuda') else None
+        dec_run = DDP(dec_run, device_ids=ids)
+        if not finetune:  # a frozen encoder has no gradients to reduce
+            enc_run = DDP(enc_run, device_ids=ids)
+        print(f"rank {rank}/{world}: device {dev}, {grad_accum} micro-batch(es) of {batch_size} per step", flush=True)
+    n_micro = grad_accum * world
+    if master:
+        print(f"encoder {sum(p.numel() for p in enc.parameters())/1e6:.3f}M, decoder {sum(p.numel() for p in dec.parameters())/1e6:.3f}M params, "
+              f"device {dev}, world {world}, global batch {batch_size * n_micro} ({batch_size} x {grad_accum} accum x {world} ranks)")
 
     def get_lr(i):  # linear warmup then cosine to min_lr
         if i < warmup_iters:
@@ -146,52 +192,81 @@ def main():
         r = min(1.0, (i - warmup_iters) / max(1, max_iters - warmup_iters))
         return min_lr * (base_lr / lr) + 0.5 * (1 + math.cos(math.pi * r)) * (base_lr - min_lr * (base_lr / lr))
 
-    def save(psnr_val):
+    def save(psnr_val, rng_states, improved):
+        check_finite_weights([enc, dec], it, save_path)
         save_checkpoint({
             'kind': 'ae', 'encoder': enc.state_dict(), 'decoder': dec.state_dict(), 'optimizer': opt.state_dict(),
             'iter': it, 'best_psnr': best, 'val_psnr': psnr_val, 'config': run_cfg,
             'data': {'data_dir': os.path.abspath(data_dir), 'meta': ds['meta'], 'image_size': S,
-                     'train_ids': train_ids.tolist() if hasattr(train_ids, 'tolist') else list(train_ids),
-                     'val_ids': val_ids.tolist() if hasattr(val_ids, 'tolist') else list(val_ids),
-                     'action_stats': stats},
+                     'train_ids': train_ids, 'val_ids': val_ids, 'action_stats': stats},
             'encoder_fingerprint': fingerprint(enc.state_dict()),
+            'rng': rng_states, 'world_size': world,  # rng: one dict of plain data per rank, for an exact resume
         }, save_path)
+        if improved:
+            keep_copy(save_path, best_path)
 
-    rng = np.random.default_rng(seed + it)
-    trng = torch.Generator().manual_seed(seed + it)
+    ckpt_every = ckpt_interval or eval_interval
     t0 = time.time()
     while it < max_iters:
         for g in opt.param_groups:
             g['lr'] = get_lr(it)
-        idx = np.sort(rng.choice(train_idx, batch_size))
-        x = M.frames_to_tensor(ds['frames'][idx], dev)
-        z = enc_run(x)
-        if finetune:
-            t, s = finetune_levels(batch_size, trng, decode_steps)
-            z = M.unit_norm(z + ft_z_noise * torch.randn_like(z))
-        else:
-            t, s = sample_levels(batch_size, trng, decode_steps)
-        loss = M.decoder_loss(dec_run, x, z, t.to(dev), s.to(dev), abar, snr_gamma, both_terms)
-        if not torch.isfinite(loss):
-            raise SystemExit(f"iter {it}: loss is {loss.item()}; stopping, last good checkpoint left untouched")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        tot = torch.zeros(2, device=dev)  # (sum of micro-batch losses, how many were not finite)
+        for micro in range(grad_accum):
+            if sample_seed == 'micro':  # keyed by the global micro-batch index, not by rank
+                np_rng, trng = seed_streams(seed, 1, it, rank * grad_accum + micro)
+            idx = np.sort(np_rng.choice(train_idx, batch_size))
+            x = M.frames_to_tensor(ds['frames'][idx], dev)
+            # DDP reduces gradients only on the last micro-step; forward and backward both inside
+            with ddp_sync([enc_run, dec_run], micro == grad_accum - 1):
+                z = enc_run(x)
+                if finetune:
+                    t, s = finetune_levels(batch_size, trng, decode_steps)
+                    z = M.unit_norm(z + ft_z_noise * torch.randn_like(z))
+                else:
+                    t, s = sample_levels(batch_size, trng, decode_steps)
+                loss = M.decoder_loss(dec_run, x, z, t.to(dev), s.to(dev), abar, snr_gamma, both_terms)
+                if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
+                    loss = loss * float('nan')
+                # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
+                (loss / grad_accum).backward()
+            l = loss.detach()
+            ok = torch.isfinite(l)
+            tot += torch.stack([torch.where(ok, l, torch.zeros_like(l)), (~ok).float()])
+        if ddp:
+            dist.all_reduce(tot)  # every rank sees the same numbers, so every rank stops together
+        gnorm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float('inf'))
+        loss_sum, n_bad, gn = torch.cat([tot, gnorm.reshape(1).to(tot)]).tolist()
+        if n_bad:
+            raise SystemExit(f"iter {it + 1}: decoder loss is not finite (NaN/Inf) on {int(n_bad)} of {n_micro} "
+                             f"micro-batches; stopped before the optimizer step, the last good checkpoint "
+                             f"{save_path!r} is untouched")
+        if not math.isfinite(gn):
+            raise SystemExit(f"iter {it + 1}: gradient norm is {gn} (decoder loss {loss_sum / n_micro:.6g}); stopped "
+                             f"before the optimizer step, the last good checkpoint {save_path!r} is untouched")
         opt.step()
         it += 1
-        if it % log_interval == 0 or it == 1:
+        if master and (it % log_interval == 0 or it == 1):
             dt = (time.time() - t0) / (log_interval if it > 1 else 1)
             t0 = time.time()
-            print(f"iter {it}: loss {loss.item():.5f}, lr {get_lr(it):.2e}, {dt*1000:.0f} ms/iter", flush=True)
-        if it % eval_interval == 0 or it == max_iters:
+            print(f"iter {it}: loss {loss_sum / n_micro:.7f}, grad norm {gn:.4f}, lr {get_lr(it):.2e}, {dt*1000:.0f} ms/iter", flush=True)
+        evaluated = it % eval_interval == 0 or it == max_iters
+        improved = False
+        if evaluated and master:
             p, ss, recon = evaluate(enc, dec, val_frames, abar, dev, decode_steps)
-            best = max(best, p)
+            improved, best, last_val = p > best, max(best, p), p
             print(f"iter {it}: val recon PSNR {p:.2f} dB, SSIM {ss:.4f} ({decode_steps} decoder jumps, {len(val_frames)} frames)", flush=True)
             save_grid(os.path.join(out_dir, f'samples_{it:06d}.png'), [val_frames[:8], M.tensor_to_frames(recon[:8])])
-            save(p)
+        if evaluated or it % ckpt_every == 0:
+            states = all_gather(rng_state(np_rng, trng), ddp)  # a collective: every rank takes part
+            if master:
+                save(last_val, states, improved)
             t0 = time.time()
     return best
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    finally:
+        ddp_cleanup()

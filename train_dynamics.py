@@ -9,6 +9,9 @@ arXiv 2603.08546). The dataset is encoded once and cached; stage 2 never touches
 Action alignment (kept everywhere): frame k+1 is predicted from frames <= k and actions <= k,
 where action k is the command issued after seeing frame k. In a window, the action attached to a
 frame is the one that produced it.
+
+Several GPUs (or CPU processes, gloo): torchrun --standalone --nproc_per_node=N train_dynamics.py ...
+Global batch per optimizer step = batch_size * grad_accum * N (batch_size is per micro-batch and rank).
 """
 import json
 import math
@@ -17,10 +20,14 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data as D
 import model as M
-from common import config_from_globals, load_autoencoder, load_checkpoint, pick_device, save_checkpoint, save_grid
+from common import (all_gather, check_compatible, check_finite_weights, check_out_dir, checkpoint_bytes,
+                    config_from_globals, ddp_cleanup, ddp_setup, ddp_sync, keep_copy, load_autoencoder,
+                    load_checkpoint, rng_state, save_checkpoint, save_grid, seed_streams, set_rng_state)
 
 # ---------------------------------------------------------------------------- defaults
 data_dir = 'data/pusht64'
@@ -39,7 +46,8 @@ dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the
 motion_weight = 0.0  # > 0: extra loss weight on latent pixels that change (see model.dynamics_loss)
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
 # optimisation
-batch_size = 16
+batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
+grad_accum = 1  # micro-batches per rank per optimizer step
 max_iters = 2000
 lr = 1e-3
 min_lr = 1e-4
@@ -53,7 +61,13 @@ val_episodes = 8
 val_horizon = 30  # short open-loop latent rollout in validation
 ctx_level = 15  # the context label at inference
 decode_steps = 3
+ckpt_interval = 0  # write the latest checkpoint every this many iters (0 = eval_interval); evals write it too
 seed = 0
+# 'stream': each rank draws its windows and noise from its own RNG streams (saved in the checkpoint, so
+# a resume is exact); 'micro': every micro-batch reseeds from (seed, iter, global micro-batch index), so
+# a step's global batch is the same however it is split (2 ranks x grad_accum 1 == 1 rank x grad_accum 2)
+sample_seed = 'stream'
+debug_nan_at_iter = -1  # test hook: a NaN in rank 0's loss at the step logged as this iter
 device = 'auto'
 compile = False
 # ------------------------------------------------------------------------------------
@@ -73,7 +87,9 @@ def encode_dataset(enc, frames, dev, cache_path, fp, bs=256):
     out = []
     for i in range(0, len(frames), bs):
         out.append(enc(M.frames_to_tensor(np.asarray(frames[i:i + bs]), dev)).cpu())
-    z = torch.cat(out)  # (N, C, h, w)
+    # contiguous like the cached copy: randn_like follows the memory layout, so a fresh run and a resumed
+    # one (which reads the cache) would otherwise draw different noise for the same seed
+    z = torch.cat(out).contiguous()  # (N, C, h, w)
     np.save(cache_path + '.tmp.npy', z.numpy())
     os.replace(cache_path + '.tmp.npy', cache_path)
     json.dump({'encoder': fp, 'n': len(frames)}, open(cache_path + '.json', 'w'))
@@ -106,16 +122,26 @@ def latent_rollout(dyn, z_true, a_norm, abar, W, level, steps, gen=None):
     return torch.stack(preds, 1)
 
 
+ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn')
+
+
 def main():
-    torch.manual_seed(seed)
-    dev = pick_device(device)
-    os.makedirs(out_dir, exist_ok=True)
-    if not os.access(out_dir, os.W_OK):
-        raise SystemExit(f"out_dir {out_dir!r} is not writable")
+    ddp, rank, local_rank, world, dev = ddp_setup(device)
+    master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
+    if sample_seed not in ('stream', 'micro') or grad_accum < 1:
+        raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    best_path = os.path.join(out_dir, 'ckpt_best.pt')
 
     resume = load_checkpoint(ckpt_path, expect_kind='dynamics') if init_from == 'resume' else None
     enc, dec, ae, fp = load_autoencoder(ae_ckpt, dev, resume['encoder_fingerprint'] if resume else None)
+    # room for the latest, the best and one being written; checked before any data is read. The size
+    # hardly depends on the action dim, so a weightless (meta) model with 2 stands in for it.
+    with torch.device('meta'):
+        probe = M.Dynamics(ae['config']['latent_ch'], dyn_ch, dyn_depth, 2, dyn_emb, dyn_heads, dyn_spatial_attn)
+    est = checkpoint_bytes([probe])
+    check_out_dir(out_dir, 3 * est, rank)
+
     ds = D.load_dataset(data_dir)
     S = int(ds['frames'].shape[1])
     if S != ae['data']['image_size']:
@@ -123,32 +149,62 @@ def main():
     ends = ds['episode_ends']
     ranges = D.episode_ranges(ends)
     train_ids, val_ids = D.split_episodes(len(ends), val_frac, split_seed)
+    train_ids, val_ids = [int(i) for i in train_ids], [int(i) for i in val_ids]
     stats = D.action_stats(ds['actions'], ends, train_ids)
     A = ds['actions'].shape[1]
     a_norm = torch.from_numpy(D.normalize_actions(np.asarray(ds['actions'], dtype=np.float32), stats)).float()
+    if resume is not None:  # a resume must continue the same run: same architecture, data and split
+        d = resume['data']
+        check_compatible(ckpt_path, resume['config'], config, ARCH_KEYS, [
+            ('data_dir', d['data_dir'], os.path.abspath(data_dir)), ('image_size', d['image_size'], S),
+            ('action_dim', resume['action_dim'], A), ('train_ids', d['train_ids'], train_ids),
+            ('val_ids', d['val_ids'], val_ids)])
+    # the latent cache (float32, latent_ch x S/4 x S/4 per frame), unless already there, must fit too
+    cache = os.path.join(out_dir, 'latents.npy')
+    lat_bytes = 0 if os.path.isfile(cache) else len(ds['frames']) * ae['config']['latent_ch'] * (S // 4) ** 2 * 4
+    check_out_dir(out_dir, 3 * est + lat_bytes, rank)
 
     t0 = time.time()
-    z_all = encode_dataset(enc, ds['frames'], dev, os.path.join(out_dir, 'latents.npy'), fp)
-    print(f"latents {tuple(z_all.shape)} for {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
-          f"encoded or loaded in {time.time()-t0:.1f} s")
+    if master:  # rank 0 encodes and writes the cache, the others then read it
+        z_all = encode_dataset(enc, ds['frames'], dev, cache, fp)
+    if ddp:
+        dist.barrier()
+    if not master:  # (a rank that cannot see rank 0's out_dir encodes for itself)
+        z_all = encode_dataset(enc, ds['frames'], dev, cache, fp)
+    if master:
+        print(f"latents {tuple(z_all.shape)} for {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
+              f"encoded or loaded in {time.time()-t0:.1f} s")
     # every frame that is not its episode's first can be a training target
     tgt = np.concatenate([np.arange(ranges[i][0] + 1, ranges[i][1]) for i in train_ids])
     tgt_start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in train_ids])
 
+    torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn).to(dev)
     abar = M.sigmoid_alpha_bar().to(dev)
     opt = torch.optim.AdamW(dyn.parameters(), lr=lr, weight_decay=weight_decay)
-    it, best = 0, float('inf')
+    it, best, last_val = 0, float('inf'), None
     run_cfg = dict(config)
+    np_rng, _ = seed_streams(seed, 0, rank)  # this rank's streams: windows (numpy), levels and noise (torch)
     if resume is not None:
-        for k in ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn'):
-            if resume['config'][k] != config[k]:
-                raise SystemExit(f"{ckpt_path}: checkpoint has {k}={resume['config'][k]!r}, this run has {config[k]!r}")
         dyn.load_state_dict(resume['model'])
         opt.load_state_dict(resume['optimizer'])
-        it, best = resume['iter'], resume['best_val']
+        it, best, last_val = resume['iter'], resume['best_val'], resume.get('val_latent_mse')
+        states = resume.get('rng')
+        if states is not None and len(states) == world:
+            set_rng_state(states[rank], np_rng)
+        else:  # another world size: there is no stream to continue, start fresh ones (not bit-exact)
+            np_rng, _ = seed_streams(seed, 0, rank, it)
+            if master:
+                print(f"warning: checkpoint has RNG states for {len(states) if states else 0} ranks, this run has "
+                      f"{world}; new random streams from iter {it} (the resume is not bit-exact)")
     dyn_run = torch.compile(dyn) if compile else dyn
-    print(f"dynamics {sum(p.numel() for p in dyn.parameters())/1e6:.3f}M params, window {window}, device {dev}")
+    if ddp:  # wrap the (compiled) module; checkpoints always take the raw dyn
+        dyn_run = DDP(dyn_run, device_ids=[local_rank] if dev.startswith('cuda') else None)
+        print(f"rank {rank}/{world}: device {dev}, {grad_accum} micro-batch(es) of {batch_size} per step", flush=True)
+    n_micro = grad_accum * world
+    if master:
+        print(f"dynamics {sum(p.numel() for p in dyn.parameters())/1e6:.3f}M params, window {window}, device {dev}, "
+              f"world {world}, global batch {batch_size * n_micro} ({batch_size} x {grad_accum} accum x {world} ranks)")
 
     # validation set: the first val_horizon+1 frames of some held-out episodes
     vids = list(val_ids)[:val_episodes]
@@ -162,44 +218,69 @@ def main():
         r = min(1.0, (i - warmup_iters) / max(1, max_iters - warmup_iters))
         return min_lr + 0.5 * (1 + math.cos(math.pi * r)) * (lr - min_lr)
 
-    def save(val):
+    def save(val, rng_states, improved):
+        check_finite_weights([dyn], it, ckpt_path)
         save_checkpoint({
             'kind': 'dynamics', 'model': dyn.state_dict(), 'optimizer': opt.state_dict(), 'iter': it,
             'best_val': best, 'val_latent_mse': val, 'config': run_cfg,
             'ae_ckpt': os.path.abspath(ae_ckpt), 'encoder_fingerprint': fp,
             'latent_shape': list(z_all.shape[1:]), 'action_dim': A,
             'data': {'data_dir': os.path.abspath(data_dir), 'meta': ds['meta'], 'image_size': S,
-                     'train_ids': [int(i) for i in train_ids], 'val_ids': [int(i) for i in val_ids],
-                     'action_stats': stats},
+                     'train_ids': train_ids, 'val_ids': val_ids, 'action_stats': stats},
+            'rng': rng_states, 'world_size': world,  # rng: one dict of plain data per rank, for an exact resume
         }, ckpt_path)
+        if improved:
+            keep_copy(ckpt_path, best_path)
 
-    rng = np.random.default_rng(seed + it)
+    ckpt_every = ckpt_interval or eval_interval
     t0 = time.time()
     while it < max_iters:
         for g in opt.param_groups:
             g['lr'] = get_lr(it)
-        pick = rng.integers(0, len(tgt), batch_size)
-        fidx, act = make_windows(tgt[pick], tgt_start[pick], window, A, a_norm)
-        z = z_all[fidx].to(dev)  # (B, W, C, h, w)
-        loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise, motion_weight)
-        if not torch.isfinite(loss):
-            raise SystemExit(f"iter {it}: loss is {loss.item()}; stopping, last good checkpoint left untouched")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(dyn.parameters(), grad_clip)
+        tot = torch.zeros(2, device=dev)  # (sum of micro-batch losses, how many were not finite)
+        for micro in range(grad_accum):
+            if sample_seed == 'micro':  # keyed by the global micro-batch index, not by rank
+                np_rng, _ = seed_streams(seed, 1, it, rank * grad_accum + micro)
+            pick = np_rng.integers(0, len(tgt), batch_size)
+            fidx, act = make_windows(tgt[pick], tgt_start[pick], window, A, a_norm)
+            z = z_all[fidx].to(dev)  # (B, W, C, h, w)
+            # DDP reduces gradients only on the last micro-step; forward and backward both inside
+            with ddp_sync([dyn_run], micro == grad_accum - 1):
+                loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise, motion_weight)
+                if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
+                    loss = loss * float('nan')
+                # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
+                (loss / grad_accum).backward()
+            l = loss.detach()
+            ok = torch.isfinite(l)
+            tot += torch.stack([torch.where(ok, l, torch.zeros_like(l)), (~ok).float()])
+        if ddp:
+            dist.all_reduce(tot)  # every rank sees the same numbers, so every rank stops together
+        gnorm = torch.nn.utils.clip_grad_norm_(dyn.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+        loss_sum, n_bad, gn = torch.cat([tot, gnorm.reshape(1).to(tot)]).tolist()
+        if n_bad:
+            raise SystemExit(f"iter {it + 1}: dynamics loss is not finite (NaN/Inf) on {int(n_bad)} of {n_micro} "
+                             f"micro-batches; stopped before the optimizer step, the last good checkpoint "
+                             f"{ckpt_path!r} is untouched")
+        if not math.isfinite(gn):
+            raise SystemExit(f"iter {it + 1}: gradient norm is {gn} (dynamics loss {loss_sum / n_micro:.6g}); stopped "
+                             f"before the optimizer step, the last good checkpoint {ckpt_path!r} is untouched")
         opt.step()
         it += 1
-        if it % log_interval == 0 or it == 1:
+        if master and (it % log_interval == 0 or it == 1):
             dt = (time.time() - t0) / (log_interval if it > 1 else 1)
             t0 = time.time()
-            print(f"iter {it}: loss {loss.item():.5f}, lr {get_lr(it):.2e}, {dt*1000:.0f} ms/iter", flush=True)
-        if it % eval_interval == 0 or it == max_iters:
+            print(f"iter {it}: loss {loss_sum / n_micro:.7f}, grad norm {gn:.4f}, lr {get_lr(it):.2e}, {dt*1000:.0f} ms/iter", flush=True)
+        evaluated = it % eval_interval == 0 or it == max_iters
+        improved = False
+        if evaluated and master:
             dyn.eval()
             g = torch.Generator().manual_seed(0)
             pred = latent_rollout(dyn, vz, va, abar, window, ctx_level, 1, g)
             err = ((pred - vz[:, 1:]) ** 2).mean().item()
             copy = ((vz[:, :1] - vz[:, 1:]) ** 2).mean().item()
-            best = min(best, err)
+            improved, best, last_val = err < best, min(best, err), err
             print(f"iter {it}: val {H}-step open-loop latent MSE {err:.5f} (copy-first-latent baseline {copy:.5f})", flush=True)
             with torch.no_grad():  # sample strip: truth row, prediction row, every 3rd step
                 ks = list(range(0, H, 3))[:10]
@@ -208,9 +289,15 @@ def main():
                         M.tensor_to_frames(M.decode(dec, pred[0, ks], decode_steps, abar, S, gd))]
             save_grid(os.path.join(out_dir, f'samples_{it:06d}.png'), rows)
             dyn.train()
-            save(err)
+        if evaluated or it % ckpt_every == 0:
+            states = all_gather(rng_state(np_rng), ddp)  # a collective: every rank takes part
+            if master:
+                save(last_val, states, improved)
             t0 = time.time()
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    finally:
+        ddp_cleanup()

@@ -6,4 +6,4 @@ dec_attn = (False, False, True)
 emb_dim = 64
 batch_size = 16
 p_sched = 0.8
-max_iters = 3000
+max_iters = 2000

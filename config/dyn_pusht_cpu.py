@@ -1,12 +1,12 @@
-# Stage-2 CPU recipe: Push-T latents 4x16x16, sized for ~15 minutes on 2 CPU cores.
+# Stage-2 CPU recipe: Push-T latents 4x16x16, sized for ~25 minutes on 2 CPU cores.
 # A recipe only reassigns defaults of train_dynamics.py; an unknown key is an error.
 window = 6
-dyn_ch = 32
+dyn_ch = 64
 dyn_depth = 1
-dyn_emb = 64
+dyn_emb = 128
 dyn_heads = 2
 dyn_spatial_attn = 'mid'
 batch_size = 8
 lr = 2e-3
 min_lr = 2e-4
-max_iters = 2500
+max_iters = 4000
