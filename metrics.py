@@ -243,20 +243,510 @@ def mask_iou(a, b):
     return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
 
+PHYSICS_KEYS = ('agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px', 'block_angle_err_deg',
+                'coverage_err', 'coverage_pred', 'coverage_true')  # what pusht_physics returns
+
+
 def pusht_physics(pred_frames, true_frames):
-    """Per-frame physics errors between predicted and true uint8 frames (B, H, W, 3).
+    """Per-frame physics errors between predicted and true uint8 frames (B, H, W, 3), all (B,), never NaN.
+
+    Segmentation rule (segment_pusht): every pixel is explained as a blend of two reference colours
+    of the renderer and goes to the class of the dominant one (agent RoyalBlue, block
+    LightSlateGray; background, goal LightGreen and walls are nothing); pixels far from every blend
+    are nothing too. The block counts as found with >= min_pixels(S, 'block') pixels (a quarter of
+    the T's area at that scale), the agent with >= 1 pixel (as before).
 
     "agent_err_px": Euclidean distance of the agent centroids in frame pixels. When the agent
       is found in one frame but not the other (e.g. the model lost it, or drew it where the
       truth has it hidden under the block), the error is the image diagonal sqrt(H^2 + W^2);
-      when it is missing in both, 0. Never NaN.
+      when it is missing in both, 0.
     "block_iou": IoU of the block masks.
+    "agent_iou": IoU of the agent masks (1 when both are empty).
+    "block_centroid_err_px": distance of the T-block mask centroids (block_pose); diagonal when the
+      block is found in one frame only, 0 when in neither.
+    "block_angle_err_deg": |angle difference| wrapped to [0, 180] of the block orientations
+      (block_pose: second moments, third-moment flip, template refinement that skips agent pixels);
+      180 when found in one frame only, 0 in neither.
+    "coverage_pred", "coverage_true": |block & goal| / |goal| (goal_coverage; the goal T at sim pose
+      (256, 256, pi/4), computed geometrically; goal pixels hidden by the frame's agent mask are left
+      out of both counts), "coverage_err": |coverage_pred - coverage_true|.
     """
     H, W = np.asarray(true_frames).shape[1:3]
+    diag = float(np.hypot(H, W))
     seg_p, seg_t = segment_pusht(pred_frames), segment_pusht(true_frames)
     pos_p, pos_t = _centroids(seg_p["agent"]), _centroids(seg_t["agent"])
     miss_p, miss_t = np.isnan(pos_p[:, 0]), np.isnan(pos_t[:, 0])
     err = np.linalg.norm(pos_p - pos_t, axis=1)
-    err = np.where(miss_p != miss_t, float(np.hypot(H, W)), err)
+    err = np.where(miss_p != miss_t, diag, err)
     err = np.where(miss_p & miss_t, 0.0, err)
-    return {"agent_err_px": err, "block_iou": mask_iou(seg_p["block"], seg_t["block"])}
+
+    mp = min_pixels(H, 'block')
+    bp, bt = block_pose(seg_p["block"], mp, seg_p["agent"]), block_pose(seg_t["block"], mp, seg_t["agent"])
+    bmiss_p, bmiss_t = np.isnan(bp[:, 0]), np.isnan(bt[:, 0])
+    one, none = bmiss_p != bmiss_t, bmiss_p & bmiss_t
+    cerr = np.linalg.norm(bp[:, :2] - bt[:, :2], axis=1)
+    cerr = np.where(one, diag, np.where(none, 0.0, cerr))
+    dang = np.abs((bp[:, 2] - bt[:, 2] + np.pi) % (2 * np.pi) - np.pi)  # wrap to [0, pi]
+    aerr = np.where(one, 180.0, np.where(none, 0.0, np.degrees(dang)))
+    cov_p, cov_t = goal_coverage(seg_p["block"], seg_p["agent"]), goal_coverage(seg_t["block"], seg_t["agent"])
+    return {"agent_err_px": err, "block_iou": mask_iou(seg_p["block"], seg_t["block"]),
+            "agent_iou": mask_iou(seg_p["agent"], seg_t["agent"]),
+            "block_centroid_err_px": cerr, "block_angle_err_deg": aerr,
+            "coverage_pred": cov_p, "coverage_true": cov_t, "coverage_err": np.abs(cov_p - cov_t)}
+
+
+# -----------------------------------------------------------------------------
+# Push-T physics, completed: T-block pose, goal coverage, agent mask
+#
+# The T (gym-pusht PushTEnv.add_tee, scale 30, length 4), in the block's body frame (sim units):
+#   bar  x in [-60, 60], y in [0, 30]     (area 3600)
+#   stem x in [-15, 15], y in [30, 120]   (area 2700)
+# The body origin (what env.block.position and states.npy report) is the middle of the bar's
+# outer edge, NOT the centroid: the area centroid is at (0, (3600*15 + 2700*75)/6300) = (0, 40.71).
+# (pymunk's centre of gravity, (0, 45), is the mean of the two shapes' centroids: also not it.)
+# world = position + R(angle) local, R(a) = [[cos a, -sin a], [sin a, cos a]], no y flip; a pixel is
+# world * S / 512. The goal is the same T drawn at body pose (256, 256, pi/4), its origin there.
+TEE_RECTS = ((-60.0, 60.0, 0.0, 30.0), (-15.0, 15.0, 30.0, 120.0))  # (x0, x1, y0, y1) per rectangle
+TEE_CENTROID = (0.0, (3600 * 15 + 2700 * 75) / 6300)  # (0, 40.714) in the body frame
+GOAL_POSE = (256.0, 256.0, np.pi / 4)
+SIM_SIZE = 512.0
+MIN_FRAC = 0.25  # a thing counts as "found" with at least this fraction of its expected pixel area
+TEE_AREA, AGENT_AREA = 6300.0, np.pi * 15 ** 2  # sim units^2 (agent: disc of radius 15)
+
+
+def tee_centroid(x, y, angle):
+    """World (sim) position of the T's area centroid from a body pose (origin x, y; angle in rad)."""
+    cx, cy = TEE_CENTROID
+    c, s = np.cos(angle), np.sin(angle)
+    return np.stack([x + c * cx - s * cy, y + s * cx + c * cy], -1)
+
+
+def tee_mask(size, x, y, angle, sub=4):
+    """Boolean (size, size) mask of the T at body pose (x, y, angle), sim units: a pixel is in when at
+    least half of its sub x sub sample points fall inside one of the two rectangles (area coverage)."""
+    o = (np.arange(size * sub) + 0.5) / sub * SIM_SIZE / size  # sample points, sim units
+    wx, wy = np.meshgrid(o, o)  # (size*sub, size*sub), rows = y
+    dx, dy = wx - x, wy - y
+    c, s = np.cos(angle), np.sin(angle)
+    lx, ly = c * dx + s * dy, -s * dx + c * dy  # local = R(-angle) (world - origin)
+    inside = np.zeros_like(lx, dtype=bool)
+    for x0, x1, y0, y1 in TEE_RECTS:
+        inside |= (lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1)
+    return inside.reshape(size, sub, size, sub).mean((1, 3)) >= 0.5
+
+
+_GOAL_CACHE = {}
+
+
+def goal_mask(size):
+    """The LightGreen goal T as a (size, size) mask, computed geometrically (the block hides the
+    green when it sits on it, so the goal cannot be read from the frame itself)."""
+    if size not in _GOAL_CACHE:
+        _GOAL_CACHE[size] = tee_mask(size, *GOAL_POSE)
+    return _GOAL_CACHE[size]
+
+
+def _tee_fraction(cx, cy, angles, xs, ys, scale, sub=4):
+    """Fraction of each pixel (centres xs, ys: (P,) frame pixels) covered by the T whose area centroid
+    is at (cx, cy) frame pixels, for each body angle in angles (K,) -> (K, P). scale = S / 512."""
+    o = (np.arange(sub) + 0.5) / sub - 0.5  # sub-pixel sample offsets
+    sx = (xs[:, None, None] + o[None, :, None]) / scale  # (P, sub, 1) sim units
+    sy = (ys[:, None, None] + o[None, None, :]) / scale  # (P, 1, sub)
+    c, s = np.cos(angles)[:, None, None, None], np.sin(angles)[:, None, None, None]
+    dx, dy = sx[None] - cx / scale, sy[None] - cy / scale
+    lx = c * dx + s * dy + TEE_CENTROID[0]  # local = R(-a) (world - centroid) + centroid_local
+    ly = -s * dx + c * dy + TEE_CENTROID[1]
+    inside = np.zeros(lx.shape[:1] + (len(xs), sub, sub), bool)
+    for x0, x1, y0, y1 in TEE_RECTS:
+        inside |= (lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1)
+    return inside.reshape(len(angles), len(xs), -1).mean(-1)
+
+
+def block_pose(mask, min_px=1, ignore=None):
+    """T-block pose (B, 3) = (centroid x, centroid y in frame pixels, body angle in rad in [-pi, pi))
+    from block masks (B, H, W); NaN rows where the mask has fewer than min_px pixels.
+
+    Centroid: mean pixel centre of the mask pixels within the T's reach (82 sim units + 1.5 px) of
+    the mask's median, then of their mean (so stray pixels elsewhere in a predicted frame are ignored).
+    Angle, in two stages:
+    1. moments: the T's symmetry axis is the major principal axis of the mask's second moments
+       (variances 1214 vs 718 sim units^2 along / across it), phi = atan2(2 mu11, mu20 - mu02) / 2;
+       the flip phi vs phi + pi is resolved by the third moment along the axis, positive toward the
+       stem (skewness +0.8: the heavy bar on one side, the long stem on the other). The stem points
+       along R(a) (0, 1) = (-sin a, cos a), so a = atan2(-d_x, d_y) for the stem direction d.
+    2. template match: at 64x64 the T is 15 px wide and pixelisation moves the moment axis by up
+       to ~8 degrees, so the angle is refined (+-12 deg in 1.5 deg steps around it and around its
+       flip, then +-1.5 in 0.25) by
+       minimising sum |template area fraction - mask| over the pixels near the T, with the T's
+       centroid held at the mask centroid. Pixels where ignore (B, H, W) is True (the agent, which
+       is drawn on top of the block) are left out of the match."""
+    m = np.asarray(mask, bool)
+    B, H, W = m.shape
+    scale = W / SIM_SIZE
+    out = np.full((B, 3), np.nan)
+    ys, xs = np.mgrid[0:H, 0:W] + 0.5
+    r = 82 * scale + 1.5  # the T reaches 79.3 sim units from its centroid (stem tip)
+    for i in range(B):
+        if m[i].sum() < max(min_px, 1):
+            continue
+        px, py = xs[m[i]], ys[m[i]]
+        # stray pixels (decoder noise that happens to be slate-grey) would pull the moments: keep only
+        # pixels within the T's reach of the median, then of the mean of those
+        cx, cy = np.median(px), np.median(py)
+        for reach in (r + 15 * scale, r):
+            keep = (px - cx) ** 2 + (py - cy) ** 2 <= reach ** 2
+            px, py = px[keep], py[keep]
+            cx, cy = px.mean(), py.mean()
+        if len(px) < max(min_px, 1):
+            continue
+        dx, dy = px - cx, py - cy
+        mu20, mu02, mu11 = (dx * dx).mean(), (dy * dy).mean(), (dx * dy).mean()
+        phi = 0.5 * np.arctan2(2 * mu11, mu20 - mu02)  # major axis direction
+        d = np.array([np.cos(phi), np.sin(phi)])
+        if ((dx * d[0] + dy * d[1]) ** 3).mean() < 0:  # point d toward the stem
+            d = -d
+        a = np.arctan2(-d[0], d[1])
+        near = (np.abs(xs - cx) <= r) & (np.abs(ys - cy) <= r)
+        if ignore is not None:
+            near &= ~np.asarray(ignore[i], bool)
+        wx, wy, target = xs[near], ys[near], m[i][near].astype(np.float64)
+        for span, step, sub in ((np.radians(12), np.radians(1.5), 2), (np.radians(1.5), np.radians(0.25), 4)):
+            cand = a + np.arange(-span, span + 1e-9, step)
+            if span > np.radians(2):  # the coarse stage also tries the flipped T, in case the third moment misled
+                cand = np.concatenate([cand, cand + np.pi])
+            cost = np.abs(_tee_fraction(cx, cy, cand, wx, wy, scale, sub) - target[None]).sum(1)
+            a = cand[cost.argmin()]
+        out[i] = cx, cy, (a + np.pi) % (2 * np.pi) - np.pi
+    return out
+
+
+def goal_coverage(block_masks, agent_masks=None):
+    """|block & goal| / |goal| per frame (B,), in pixels; the goal mask is geometric (goal_mask). With
+    agent_masks, both counts skip the goal pixels the agent hides (it is drawn on top of the block):
+    the convention of sim_tools.coverage, so the two agree."""
+    m = np.asarray(block_masks, bool)
+    g = np.broadcast_to(goal_mask(m.shape[1])[None], m.shape)
+    if agent_masks is not None:
+        g = g & ~np.asarray(agent_masks, bool)
+    return (m & g).reshape(len(m), -1).sum(1) / np.maximum(g.reshape(len(m), -1).sum(1), 1)
+
+
+def min_pixels(size, what):
+    """The pixel count above which the agent / block counts as found in a size x size frame:
+    MIN_FRAC of its area at that scale (64x64: agent 11 px -> 2, block 98 px -> 24)."""
+    area = {'agent': AGENT_AREA, 'block': TEE_AREA}[what] * (size / SIM_SIZE) ** 2
+    return max(1, int(MIN_FRAC * area))
+
+
+def pusht_detectable(frames):
+    """Booleans {'agent', 'block'} (B,): is the thing found in the frame (segment_pusht mask with at
+    least min_pixels pixels)? For stability checks of long rollouts."""
+    seg = segment_pusht(frames)
+    S = seg['block'].shape[1]
+    return {k: seg[k].reshape(len(seg[k]), -1).sum(1) >= min_pixels(S, k) for k in ('agent', 'block')}
+
+
+# -----------------------------------------------------------------------------
+# horizon curves: CSV + a PNG drawn with PIL
+
+CURVE_PANELS = ('psnr', 'ssim', 'agent_err_px', 'block_iou')
+CURVE_PREFIX = {'model': 'model', 'copy_baseline': 'copy'}  # CSV column prefix per series
+CURVE_COLOURS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189)]
+
+
+def write_curves(out_dir, curves_by_name, panels=CURVE_PANELS):
+    """Per-step metric curves -> out_dir/curves.csv and out_dir/curves.png.
+
+    curves_by_name = {'model': {metric: [value per step] or None}, 'copy_baseline': {...}} (the shape of
+    rollout.py's res[name]['curves']). curves.csv: 'step' (1 = the first predicted frame), then one
+    column '<prefix>_<metric>' per series and metric (prefix 'model', 'copy'); None curves are skipped.
+    curves.png: one panel per metric in `panels` that has a curve, all series on one chart, a legend.
+    Returns the two paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    cols = []  # (column name, series name, metric, values)
+    for name, curves in curves_by_name.items():
+        for k, v in (curves or {}).items():
+            if v is not None:
+                cols.append((f"{CURVE_PREFIX.get(name, name)}_{k}", name, k, [float(x) for x in v]))
+    H = max((len(c[3]) for c in cols), default=0)
+    csv_path = os.path.join(out_dir, 'curves.csv')
+    with open(csv_path, 'w') as f:
+        f.write(','.join(['step'] + [c[0] for c in cols]) + '\n')
+        for i in range(H):
+            f.write(','.join([str(i + 1)] + [f"{c[3][i]:.6g}" if i < len(c[3]) else '' for c in cols]) + '\n')
+    png_path = os.path.join(out_dir, 'curves.png')
+    _draw_curves(png_path, [(m, [(c[1], c[3]) for c in cols if c[2] == m]) for m in panels
+                            if any(c[2] == m for c in cols)])
+    return csv_path, png_path
+
+
+def _draw_curves(path, panels, pw=360, ph=240):
+    """panels: [(title, [(series name, values), ...])] -> one PNG, panels side by side in rows of 2."""
+    from PIL import Image, ImageDraw, ImageFont
+    font = ImageFont.load_default()
+    n = max(len(panels), 1)
+    ncol = min(n, 2)
+    nrow = (n + ncol - 1) // ncol
+    img = Image.new('RGB', (pw * ncol, ph * nrow), 'white')
+    d = ImageDraw.Draw(img)
+    names = []
+    for p, (title, series) in enumerate(panels):
+        ox, oy = (p % ncol) * pw, (p // ncol) * ph
+        x0, y0, x1, y1 = ox + 50, oy + 22, ox + pw - 12, oy + ph - 28  # plot area
+        vals = [v for _, s in series for v in s if np.isfinite(v)]
+        lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+        if hi - lo < 1e-9:
+            lo, hi = lo - 0.5, hi + 0.5
+        pad = 0.05 * (hi - lo)
+        lo, hi = lo - pad, hi + pad
+        H = max(len(s) for _, s in series)
+        d.rectangle([x0, y0, x1, y1], outline=(0, 0, 0))
+        d.text((ox + pw // 2 - 4 * len(title), oy + 5), title, fill=(0, 0, 0), font=font)
+        for j in range(5):  # y ticks: value at 5 evenly spaced heights
+            v = lo + (hi - lo) * j / 4
+            yy = y1 - (y1 - y0) * j / 4
+            d.line([x0 - 3, yy, x0, yy], fill=(0, 0, 0))
+            d.text((ox + 2, yy - 6), f"{v:.3g}", fill=(0, 0, 0), font=font)
+        for j in range(5):  # x ticks: steps 1..H
+            st = 1 + round((H - 1) * j / 4)
+            xx = x0 + (x1 - x0) * (st - 1) / max(H - 1, 1)
+            d.line([xx, y1, xx, y1 + 3], fill=(0, 0, 0))
+            d.text((xx - 6, y1 + 5), str(st), fill=(0, 0, 0), font=font)
+        d.text((x1 - 30, y1 + 15), 'step', fill=(0, 0, 0), font=font)
+        for name, s in series:
+            if name not in names:
+                names.append(name)
+            col = CURVE_COLOURS[names.index(name) % len(CURVE_COLOURS)]
+            pts = [(x0 + (x1 - x0) * i / max(H - 1, 1), y1 - (y1 - y0) * (v - lo) / (hi - lo))
+                   for i, v in enumerate(s) if np.isfinite(v)]
+            if len(pts) > 1:
+                d.line(pts, fill=col, width=2)
+            elif pts:
+                d.ellipse([pts[0][0] - 2, pts[0][1] - 2, pts[0][0] + 2, pts[0][1] + 2], fill=col)
+        d.rectangle([x1 - 114, y0 + 3, x1 - 3, y0 + 9 + 12 * len(names)], fill='white', outline=(160, 160, 160))
+        for i, name in enumerate(names):  # legend, top-right of every panel, on a white box
+            ly = y0 + 6 + 12 * i
+            col = CURVE_COLOURS[i % len(CURVE_COLOURS)]
+            d.line([x1 - 110, ly + 5, x1 - 92, ly + 5], fill=col, width=2)
+            d.text((x1 - 88, ly), name, fill=(0, 0, 0), font=font)
+    img.save(path)
+
+
+# -----------------------------------------------------------------------------
+# Frechet distances: FID (Inception pool3, 2048-d) and FVD (I3D, 400-d), strictly offline
+#
+# d^2 = |mu_1 - mu_2|^2 + tr(S_1) + tr(S_2) - 2 tr((S_1 S_2)^(1/2))
+# tr((S_1 S_2)^(1/2)) is computed without scipy, by eigendecomposition: S_1 S_2 is similar to the
+# symmetric PSD A = S_1^(1/2) S_2 S_1^(1/2) (same eigenvalues), so tr((S_1 S_2)^(1/2)) = sum sqrt(eig(A)),
+# with numpy.linalg.eigh in float64 and tiny negative eigenvalues (roundoff) clipped to 0. Same value as
+# pytorch-fid's scipy.linalg.sqrtm route where that one is well defined; stable for singular
+# covariances (fewer samples than feature dimensions), where sqrtm needs its eps fix.
+
+FID_FILE = 'pt_inception-2015-12-05-6726825d.pth'  # pytorch-fid's port of the TF FID Inception
+FVD_FILE = 'i3d_torchscript.pt'  # StyleGAN-V's TorchScript port of the tf.hub I3D (Kinetics-400)
+
+
+def feature_stats(feats):
+    """Mean (D,) and covariance (D, D) of features (N, D), float64; covariance with N - 1 (np.cov)."""
+    f = np.asarray(feats, np.float64)
+    assert f.ndim == 2 and len(f) >= 2, f"need at least 2 feature rows, got {f.shape}"
+    return f.mean(0), np.cov(f, rowvar=False)
+
+
+def _sqrt_psd(s):
+    w, v = np.linalg.eigh((s + s.T) / 2)
+    return (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+
+
+def frechet_distance(mu1, s1, mu2, s2):
+    """Frechet distance between N(mu1, s1) and N(mu2, s2) (formula above)."""
+    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
+    s1, s2 = np.atleast_2d(np.asarray(s1, np.float64)), np.atleast_2d(np.asarray(s2, np.float64))
+    r = _sqrt_psd(s1)
+    eig = np.linalg.eigvalsh(r @ s2 @ r)
+    tr_covmean = np.sqrt(np.clip(eig, 0, None)).sum()
+    return float(((mu1 - mu2) ** 2).sum() + np.trace(s1) + np.trace(s2) - 2 * tr_covmean)
+
+
+def frechet_from_features(fa, fb):
+    """Frechet distance between Gaussians fitted to two feature sets (N, D) and (M, D)."""
+    return frechet_distance(*feature_stats(fa), *feature_stats(fb))
+
+
+def _weights_path(path, env, default):
+    # explicit path > environment variable > the torch hub cache folder
+    return path or os.environ.get(env) or os.path.join(torch.hub.get_dir(), 'checkpoints', default)
+
+
+def _sha256_prefix(path, n=8):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            h.update(chunk)
+    return h.hexdigest()[:n]
+
+
+def build_fid_inception():
+    """pytorch-fid's FID Inception (random weights until loaded): torchvision's Inception3 with 1008
+    classes, no aux head, and the TF graph's pooling in the mixed blocks: average pools that do not
+    count padding (5b-5d, 6b-6e, 7b) and a max pool in the last block's pool branch (7c).
+    The blocks keep torchvision's parameter names, so pytorch-fid's state dict loads as it is."""
+    import torchvision.models.inception as tvi
+
+    def avg(x):  # the TF graph's average pool ignores the padding
+        return F.avg_pool2d(x, kernel_size=3, stride=1, padding=1, count_include_pad=False)
+
+    class A(tvi.InceptionA):
+        def forward(self, x):
+            b1 = self.branch1x1(x)
+            b5 = self.branch5x5_2(self.branch5x5_1(x))
+            b3 = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
+            return torch.cat([b1, b5, b3, self.branch_pool(avg(x))], 1)
+
+    class C(tvi.InceptionC):
+        def forward(self, x):
+            b1 = self.branch1x1(x)
+            b7 = self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x)))
+            bd = x
+            for m in (self.branch7x7dbl_1, self.branch7x7dbl_2, self.branch7x7dbl_3, self.branch7x7dbl_4, self.branch7x7dbl_5):
+                bd = m(bd)
+            return torch.cat([b1, b7, bd, self.branch_pool(avg(x))], 1)
+
+    class E(tvi.InceptionE):
+        pool = 'avg'
+
+        def forward(self, x):
+            b1 = self.branch1x1(x)
+            b3 = self.branch3x3_1(x)
+            b3 = torch.cat([self.branch3x3_2a(b3), self.branch3x3_2b(b3)], 1)
+            bd = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
+            bd = torch.cat([self.branch3x3dbl_3a(bd), self.branch3x3dbl_3b(bd)], 1)
+            p = avg(x) if self.pool == 'avg' else F.max_pool2d(x, kernel_size=3, stride=1, padding=1)
+            return torch.cat([b1, b3, bd, self.branch_pool(p)], 1)
+
+    net = tvi.Inception3(num_classes=1008, aux_logits=False, transform_input=False, init_weights=False)
+    net.Mixed_5b, net.Mixed_5c, net.Mixed_5d = A(192, 32), A(256, 64), A(288, 64)
+    net.Mixed_6b, net.Mixed_6c, net.Mixed_6d, net.Mixed_6e = C(768, 128), C(768, 160), C(768, 160), C(768, 192)
+    net.Mixed_7b, net.Mixed_7c = E(1280), E(2048)
+    net.Mixed_7c.pool = 'max'
+    return net.eval()
+
+
+def load_inception(path=None, device='cpu'):
+    """The FID Inception with pytorch-fid's weights from a local file, never downloaded.
+    path > $WM_FID_WEIGHTS > torch.hub.get_dir()/checkpoints/pt_inception-2015-12-05-6726825d.pth
+    (where pytorch-fid caches it). Returns (net or None, message)."""
+    p = _weights_path(path, 'WM_FID_WEIGHTS', FID_FILE)
+    if not os.path.isfile(p):
+        return None, f"unavailable: no Inception weights at {p}"
+    net = build_fid_inception()
+    try:
+        sd = torch.load(p, map_location='cpu', weights_only=True)
+        missing, unexpected = net.load_state_dict(sd, strict=False)
+    except Exception as e:  # not a state dict, or tensors of the wrong shapes
+        return None, f"unavailable: {p} is not the FID Inception state dict ({type(e).__name__})"
+    missing = [k for k in missing if not k.endswith('num_batches_tracked')]  # older BN files lack the counter
+    if missing or unexpected:
+        return None, f"unavailable: {p} is not the FID Inception state dict (missing {missing[:3]}, unexpected {unexpected[:3]})"
+    for q in net.parameters():
+        q.requires_grad_(False)
+    h = _sha256_prefix(p)
+    note = '' if h == '6726825d' else f" (sha256 {h}..., not pytorch-fid's 6726825d: not comparable to published FIDs)"
+    return net.to(device), f"FID Inception from {p}{note}"
+
+
+@torch.no_grad()
+def inception_features(net, frames_u8, batch_size=50):
+    """Pool3 features (N, 2048) of uint8 frames (N, H, W, 3), pytorch-fid's input pipeline: [0, 1],
+    bilinear resize to 299x299 (align_corners False), then 2x - 1. A net that is not the FID Inception
+    (no Mixed_7c) is called as net(x) on that input: a stand-in for tests, never an FID."""
+    dev = next(net.parameters()).device
+    out = []
+    for i in range(0, len(frames_u8), batch_size):
+        x = torch.from_numpy(np.asarray(frames_u8[i:i + batch_size])).to(dev).permute(0, 3, 1, 2).float() / 255
+        x = F.interpolate(x, size=(299, 299), mode='bilinear', align_corners=False) * 2 - 1
+        if not hasattr(net, 'Mixed_7c'):  # any other network (the tests' stand-in) gets the same input
+            out.append(net(x).flatten(1).double().cpu().numpy())
+            continue
+        for name in ('Conv2d_1a_3x3', 'Conv2d_2a_3x3', 'Conv2d_2b_3x3', 'maxpool1', 'Conv2d_3b_1x1', 'Conv2d_4a_3x3',
+                     'maxpool2', 'Mixed_5b', 'Mixed_5c', 'Mixed_5d', 'Mixed_6a', 'Mixed_6b', 'Mixed_6c', 'Mixed_6d',
+                     'Mixed_6e', 'Mixed_7a', 'Mixed_7b', 'Mixed_7c'):
+            x = getattr(net, name)(x)
+        out.append(F.adaptive_avg_pool2d(x, 1).flatten(1).double().cpu().numpy())
+    return np.concatenate(out)
+
+
+def load_i3d(path=None, device='cpu'):
+    """StyleGAN-V's TorchScript I3D from a local file (torch.jit.load), never downloaded.
+    path > $WM_FVD_WEIGHTS > torch.hub.get_dir()/checkpoints/i3d_torchscript.pt. Returns (net or None, message)."""
+    p = _weights_path(path, 'WM_FVD_WEIGHTS', FVD_FILE)
+    if not os.path.isfile(p):
+        return None, f"unavailable: no I3D weights at {p}"
+    try:
+        net = torch.jit.load(p, map_location=device).eval()
+    except Exception as e:
+        return None, f"unavailable: {p} does not load as TorchScript ({type(e).__name__})"
+    return net, f"I3D (TorchScript) from {p}"
+
+
+def video_clips(videos_u8, length=16, stride=16):
+    """Cut videos (E, T, H, W, 3) into clips (N, length, H, W, 3): windows starting every `stride` frames."""
+    v = np.asarray(videos_u8)
+    starts = range(0, v.shape[1] - length + 1, stride)
+    return np.stack([v[e, s:s + length] for e in range(len(v)) for s in starts]) if len(starts) else v[:0, :length]
+
+
+@torch.no_grad()
+def i3d_features(net, clips_u8, batch_size=8):
+    """I3D features (N, 400) of uint8 clips (N, T, H, W, 3), called as StyleGAN-V's FVD does
+    (src/metrics/frechet_video_distance.py + metric_utils.py): uint8 videos (N, 3, T, H, W) in [0, 255],
+    detector(videos, rescale=True, resize=True, return_features=True) -> the logits layer before the
+    softmax; the network itself maps [0, 255] to [-1, 1] and resizes to 224x224. (Ports that resize
+    and scale to [-1, 1] themselves call it with rescale=False, resize=False instead.)"""
+    out = []
+    for i in range(0, len(clips_u8), batch_size):
+        x = torch.from_numpy(np.asarray(clips_u8[i:i + batch_size])).permute(0, 4, 1, 2, 3).contiguous()
+        x = x.to(next(net.parameters()).device)
+        out.append(net(x, rescale=True, resize=True, return_features=True).double().cpu().numpy())
+    return np.concatenate(out)
+
+
+def fid_fvd(pred_videos, true_videos, fid_weights=None, fvd_weights=None, clip_len=16, device='cpu'):
+    """FID over all frames and FVD over 16-frame clips of predicted vs true videos (E, T, H, W, 3) uint8.
+    Returns {'fid', 'fid_status', 'fid_frames', 'fvd', 'fvd_status', 'fvd_clips'}; a value is None, with
+    the status saying why, when its weights file is missing. Only the published networks give numbers
+    here, so nothing from a stand-in network is ever reported under these names. Few samples bias both
+    upwards (the covariances are 2048- and 400-dimensional): compare runs with the same counts only."""
+    pred, true = np.asarray(pred_videos), np.asarray(true_videos)
+    out = {}
+    net, msg = load_inception(fid_weights, device)
+    fp, ft = pred.reshape(-1, *pred.shape[2:]), true.reshape(-1, *true.shape[2:])
+    out['fid'] = None if net is None else frechet_from_features(inception_features(net, fp), inception_features(net, ft))
+    out['fid_status'], out['fid_frames'] = msg, int(len(fp))
+    net, msg = load_i3d(fvd_weights, device)
+    cp, ct = video_clips(pred, clip_len, clip_len), video_clips(true, clip_len, clip_len)
+    if net is not None and len(cp) < 2:
+        net, msg = None, f"unavailable: fewer than 2 clips of {clip_len} frames"
+    out['fvd'] = None if net is None else frechet_from_features(i3d_features(net, cp), i3d_features(net, ct))
+    out['fvd_status'], out['fvd_clips'] = msg, int(len(cp))
+    return out
+
+
+def block_shape_iou(frames):
+    """How T-shaped the block still is, per frame (B,): IoU of the block mask with the T drawn at the
+    mask's own pose (block_pose); 0 where no block is found. A long rollout can keep a block that is
+    detectable but has melted into a blob: this catches that (rendered frames score ~0.85)."""
+    seg = segment_pusht(frames)
+    m = seg['block']
+    S = m.shape[1]
+    pose = block_pose(m, min_pixels(S, 'block'), seg['agent'])
+    out = np.zeros(len(m))
+    for i, (cx, cy, a) in enumerate(pose):
+        if np.isnan(cx):
+            continue
+        # body origin = centroid - R(a) (0, 40.71), in sim units
+        ox, oy = cx * SIM_SIZE / S + np.sin(a) * TEE_CENTROID[1], cy * SIM_SIZE / S - np.cos(a) * TEE_CENTROID[1]
+        t = tee_mask(S, ox, oy, a) & ~seg['agent'][i]
+        out[i] = mask_iou(t[None], (m[i] & ~seg['agent'][i])[None])[0]
+    return out

@@ -1,7 +1,13 @@
 """
-Open-loop evaluation of the world model against recorded held-out episodes.
+Open-loop evaluation of the world model against recorded held-out episodes, and the world model used
+as a simulator (--mode=):
 
-    python rollout.py --ckpt=out/dyn/ckpt.pt --num_episodes=8 --horizon=192 --out_dir=out/eval
+    python rollout.py --ckpt=out/dyn/ckpt.pt --num_episodes=8 --horizon=192 --out_dir=out/eval   # eval
+    python rollout.py --ckpt=out/dyn/ckpt.pt --mode=play --port=8765 --record_dir=out/play         # drive it live
+    python rollout.py --ckpt=out/dyn/ckpt.pt --mode=policy_eval --num_states=20 --steps=60 --out_dir=out/policy_eval
+    python rollout.py --ckpt=out/dyn/ckpt.pt --mode=record_demos --num_episodes=8 --steps=60 --record_dir=out/demos
+
+(The play server, policy_eval and record_demos live in sim_tools.py.)
 
 From the first frame of each held-out episode, the model predicts `horizon` frames from the recorded
 actions alone (the noisy-context sliding-window sampler: window-1 context latents labelled with a
@@ -36,11 +42,26 @@ decode_steps = 3  # decoder jumps per frame
 batch_size = 8  # episodes rolled out in parallel
 seed = 0
 lpips_dir = ''  # folder holding alexnet-owt-7be5be79.pth; '' = the torch hub cache
+fid_weights = ''  # Inception weights file for FID ('' = $WM_FID_WEIGHTS); missing -> reported unavailable
+fvd_weights = ''  # StyleGAN-V's i3d_torchscript.pt for FVD ('' = $WM_FVD_WEIGHTS); missing -> unavailable
 fps_steps = 20  # timed steps for the batch-1 FPS (after 3 warm-up steps)
 video_episodes = 4
 device = 'auto'
+mode = 'eval'  # eval | play | policy_eval | record_demos
+# play: a page at http://host:port/ that drives the model live
+host = '127.0.0.1'
+port = 8765  # 0 = any free port
+record_dir = 'out/play'  # play: one new dataset folder per recording in here; record_demos: the dataset folder written
+max_record_steps = 6000  # play: a recording stops (and is saved) after this many steps (10 min at 10 Hz)
+# policy_eval / record_demos (Push-T)
+num_states = 20  # policy_eval: start states, the same for every policy, in gym-pusht and in the model
+steps = 60  # policy_eval / record_demos: steps per episode
+policies = ''  # policy_eval: comma list of sim_tools.POLICIES; '' = the default six
+success_threshold = 0.9  # pixel goal coverage that counts as success (~0.87 of the env's own polygon coverage)
+demo_policy = 'push'  # record_demos: the scripted policy that stands in for a human
 # ------------------------------------------------------------------------------------
-METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips', 'agent_err_px', 'block_iou')
+METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips', 'agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px',
+           'block_angle_err_deg', 'coverage_err')
 
 
 def load_world_model(ckpt_path, dev, ae_path=''):
@@ -111,7 +132,7 @@ def score(pred_u8, true_u8, lp, pusht=True):
     r = {'mse': Mx.mse(x, y).numpy(), 'psnr': Mx.psnr(x, y).numpy(), 'ssim': Mx.ssim(x, y).numpy(),
          'uiqi': Mx.uiqi(x, y).numpy()}
     r['lpips'] = Mx.lpips_distance(lp, x, y).numpy() if lp is not None else None
-    r.update(Mx.pusht_physics(pred_u8, true_u8) if pusht else {'agent_err_px': None, 'block_iou': None})
+    r.update(Mx.pusht_physics(pred_u8, true_u8) if pusht else {k: None for k in METRICS[5:]})
     return r
 
 
@@ -181,9 +202,13 @@ def main(cfg):
            'num_episodes': E, 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
            'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'dyn_steps', 'decode_steps', 'seed')} | {'window': W},
            'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev}
+    out.update(Mx.fid_fvd(pred, true[:, 1:], cfg['fid_weights'] or None, cfg['fvd_weights'] or None, device=dev))
+    print(f"FID: {out['fid_status'] if out['fid'] is None else round(out['fid'], 2)}; "
+          f"FVD: {out['fvd_status'] if out['fvd'] is None else round(out['fvd'], 2)}")
     os.makedirs(cfg['out_dir'], exist_ok=True)
     with open(os.path.join(cfg['out_dir'], 'metrics.json'), 'w') as f:
         json.dump(out, f, indent=1)
+    Mx.write_curves(cfg['out_dir'], {n: res[n]['curves'] for n in ('model', 'copy_baseline')})  # curves.csv/.png
     write_video(os.path.join(cfg['out_dir'], 'rollout.gif'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
 
     print(f"\n{'metric':>14} {'model':>10} {'copy-first':>10}")
@@ -194,5 +219,42 @@ def main(cfg):
     return out
 
 
+# ---------------------------------------------------------------------------- the simulator modes
+
+def play(cfg):
+    """Serve the play page (sim_tools.make_play_server) until Ctrl-C; a running recording is saved."""
+    torch.manual_seed(cfg['seed'])
+    dev = pick_device(cfg['device'])
+    dyn, enc, dec, ck = load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
+    ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
+    sim = Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['dyn_steps'], cfg['decode_steps'], cfg['seed'])
+    import sim_tools
+    srv = sim_tools.make_play_server(cfg, sim, ck, ds)
+    print(f"serving the world model at http://{cfg['host']}:{srv.server_address[1]}/ (Ctrl-C to stop); "
+          f"recordings go to {cfg['record_dir']}/play-*", flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if srv.play.rec is not None:  # do not lose a recording to Ctrl-C
+            srv.play.record(False)
+        srv.server_close()
+
+
+MODES = ('eval', 'play', 'policy_eval', 'record_demos')
+
+
+def run(cfg):
+    if cfg['mode'] not in MODES:
+        raise SystemExit(f"unknown mode {cfg['mode']!r}; modes: {', '.join(MODES)}")
+    if cfg['mode'] == 'eval':
+        return main(cfg)
+    if cfg['mode'] == 'play':
+        return play(cfg)
+    import sim_tools
+    return getattr(sim_tools, cfg['mode'])(cfg)
+
+
 if __name__ == '__main__':
-    main(config_from_globals(globals()))
+    run(config_from_globals(globals()))

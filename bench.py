@@ -1,0 +1,394 @@
+"""
+How fast and how steady the live loop is.
+
+    python bench.py --mode=speed                                   # random-init CPU and paper-size models
+    python bench.py --mode=speed --ckpt=out/dyn/ckpt.pt            # a trained world model
+    python bench.py --mode=stability --ckpt=out/dyn/ckpt.pt --steps=9000
+
+speed: frames per second of rollout.Simulator.step (dynamics + decode, uint8 frame out) at batch 1 after
+warm-up; frames per second of N parallel rollouts; the same networks driven by a multi-step sampler
+(multi_steps dynamics jumps and multi_steps decoder jumps per frame, as a diffusion world model would
+be), as a slow-down ratio; FLOPs per frame (torch.utils.flop_counter) and the FLOP/s they reach
+against this machine's fp32 matmul rate measured in the same run. Random weights are fine for speed:
+the cost of a forward pass does not depend on the values. Writes OUT/speed.json, prints a markdown table.
+
+stability: drives one world model for `steps` frames with smooth random actions (a damped random walk
+on the commanded position: v <- act_smooth v + act_sigma range N(0, 1) - act_pull (a - centre),
+a <- a + v, reflected at the action bounds), and per `report_every` frames reports non-finite latents,
+the mean latent norm (1 by construction: a check), the mean squared change of the latent per step,
+the colour drift of the frame vs the first frame, how often the agent and the T block are
+detectable (metrics.pusht_detectable on every detect_every-th frame), how T-shaped the block still is
+(metrics.block_shape_iou: IoU with a T drawn at its estimated pose), and FPS. Writes OUT/stability.json
+and OUT/stability.png (the first frame, then the last frame of every report row).
+"""
+import ast
+import contextlib
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+import metrics as Mx
+import model as M
+from common import config_from_globals, pick_device, save_grid
+
+# ---------------------------------------------------------------------------- defaults
+mode = 'speed'  # 'speed' or 'stability'
+ckpt = ''  # dynamics checkpoint; '' = random-init models of the `recipes` sizes
+ae_ckpt = ''  # '' = the autoencoder the dynamics checkpoint names
+out_dir = 'out/bench'
+device = 'auto'
+seed = 0
+threads = 0  # torch intra-op threads; 0 = torch's default
+recipes = 'cpu,gpu'  # random-init sizes: cpu = config/*_pusht_cpu.py at 64x64, gpu = *_gpu.py at 128x128, tiny
+batches = (1, 8, 32)  # parallel rollouts for the throughput (--batches=1,8; one: --batches=4,)
+speed_steps = 10  # timed steps per measurement (fewer when max_seconds runs out; at least 1)
+warmup = 3  # untimed steps first
+max_seconds = 30.0  # per measurement; one whose estimate exceeds it is reported as an estimate instead
+multi_steps = 20  # the multi-step sampler: dynamics jumps and decoder jumps per frame
+matmul_size = 2048  # n of the n x n fp32 matmul that measures the machine's rate
+bf16 = False  # CUDA only: bf16 autocast around the step
+compile = False  # CUDA only: torch.compile the dynamics and decoder
+cuda_graphs = False  # CUDA only: torch.compile mode 'reduce-overhead' (CUDA graphs)
+steps = 9000  # stability: frames to drive
+report_every = 1000  # stability: frames per report row
+detect_every = 5  # stability: segment every k-th frame (segmentation costs ~12 ms a 64x64 frame)
+act_smooth, act_sigma, act_pull = 0.9, 0.004, 0.002  # stability: the damped random walk (fractions of the range)
+stop_on_nan = True  # stability: end after the report row in which a latent went non-finite
+inject_nan_step = -1  # test hook: poison the context window with NaN at this step (-1: never)
+# ------------------------------------------------------------------------------------
+RECIPE_FILES = {'cpu': ('config/ae_pusht_cpu.py', 'config/dyn_pusht_cpu.py', 64),
+                'gpu': ('config/ae_pusht_gpu.py', 'config/dyn_pusht_gpu.py', 128)}
+TINY = dict(enc_ch=8, dec_ch=(8, 16), dec_attn=(False, True), latent_ch=4, emb_dim=16, heads=1, window=3,
+            dyn_ch=8, dyn_depth=1, dyn_emb=16, dyn_heads=1, dyn_spatial_attn='mid', image_size=16)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _literals(path):
+    """Top-level `name = literal` assignments of a Python file, read with ast (nothing is executed, so a
+    trainer's defaults block can be read without starting the training)."""
+    out = {}
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.Assign):
+            try:
+                val = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = val
+    return out
+
+
+def recipe_sizes(name):
+    """Network sizes of a recipe: the trainers' defaults overridden by the recipe's config files."""
+    if name == 'tiny':
+        return dict(TINY)
+    ae_cfg, dyn_cfg, S = RECIPE_FILES[name]
+    c = _literals(os.path.join(HERE, 'train_ae.py')) | _literals(os.path.join(HERE, ae_cfg))
+    c |= {k: v for k, v in (_literals(os.path.join(HERE, 'train_dynamics.py')) | _literals(os.path.join(HERE, dyn_cfg))).items()
+          if k.startswith('dyn_') or k == 'window'}
+    keys = ('enc_ch', 'dec_ch', 'dec_attn', 'latent_ch', 'emb_dim', 'heads', 'window', 'dyn_ch', 'dyn_depth', 'dyn_emb',
+            'dyn_heads', 'dyn_spatial_attn')
+    return {k: c[k] for k in keys} | {'image_size': S}
+
+
+def random_world_model(sizes, dev, action_dim=2):
+    """Random-init dynamics, encoder, decoder and the checkpoint fields Simulator reads."""
+    z = sizes
+    enc = M.Encoder(z['enc_ch'], z['latent_ch']).to(dev).eval()
+    dec = M.Decoder(tuple(z['dec_ch']), tuple(z['dec_attn']), z['latent_ch'], z['emb_dim'], z['heads']).to(dev).eval()
+    dyn = M.Dynamics(z['latent_ch'], z['dyn_ch'], z['dyn_depth'], action_dim, z['dyn_emb'], z['dyn_heads'],
+                     z['dyn_spatial_attn']).to(dev).eval()
+    ck = {'action_dim': action_dim, 'config': {'window': z['window']},
+          'data': {'image_size': z['image_size'], 'action_stats': {'low': [0.0] * action_dim, 'high': [512.0] * action_dim}}}
+    return dyn, enc, dec, ck
+
+
+def n_params(m):
+    return sum(p.numel() for p in m.parameters())
+
+
+def _sync(dev):
+    if str(dev).startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def matmul_rate(dev, n=2048, reps=5):
+    """Achieved fp32 FLOP/s of an n x n @ n x n matmul (2 n^3 FLOPs), best of `reps` after a warm-up."""
+    a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+    torch.mm(a, b)
+    _sync(dev)
+    best = float('inf')
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        _sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def count_flops(fn):
+    """FLOPs of one call of fn() (torch.utils.flop_counter: matmuls, convs, attention). CPU attention runs
+    as aten._scaled_dot_product_flash_attention_for_cpu, which the counter does not know, so it is
+    counted with the counter's own SDPA formula (4 B H Lq Lk d; causal masks counted as full)."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+    extra = {}
+    op = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
+    if op is not None:
+        extra[op] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)
+    with FlopCounterMode(display=False, custom_mapping=extra) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
+def _time_steps(step, dev, n_steps, budget, warm):
+    """Seconds per call of step(): `warm` untimed calls, then up to n_steps timed ones within budget (>= 1)."""
+    for _ in range(warm):
+        step()
+    _sync(dev)
+    t0, k = time.perf_counter(), 0
+    while k < n_steps and (k == 0 or time.perf_counter() - t0 < budget):
+        step()
+        k += 1
+    _sync(dev)
+    return (time.perf_counter() - t0) / k
+
+
+def make_sim(dyn, enc, dec, ck, dev, cfg, dyn_steps=1, decode_steps=3):
+    import rollout  # the Simulator under test; imported here so `import bench` stays light
+    sim = rollout.Simulator(dyn, enc, dec, ck, 0, 15, dyn_steps, decode_steps, cfg['seed'])
+    if str(dev).startswith('cuda') and (cfg['compile'] or cfg['cuda_graphs']):
+        m = 'reduce-overhead' if cfg['cuda_graphs'] else 'default'
+        sim.dyn, sim.dec = torch.compile(dyn, mode=m), torch.compile(dec, mode=m)
+    return sim
+
+
+def _stepper(sim, N, dev, cfg, rng):
+    S, A = sim.S, sim.A
+    sim.reset(rng.integers(0, 256, (N, S, S, 3), dtype=np.uint8))
+    acts = rng.uniform(0, 512, (64, N, A)).astype(np.float32)
+    ctr = [0]
+    use_bf16 = cfg['bf16'] and str(dev).startswith('cuda')
+
+    def step():
+        ctr[0] += 1
+        with torch.autocast('cuda', dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext():
+            sim.step(acts[ctr[0] % 64])
+    return step
+
+
+def bench_speed(cfg):
+    dev = pick_device(cfg['device'])
+    torch.manual_seed(cfg['seed'])
+    rng = np.random.default_rng(cfg['seed'])
+    rate = matmul_rate(dev, cfg['matmul_size'])
+    print(f"device {dev}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"fp32 matmul {cfg['matmul_size']}^3: {rate / 1e9:.1f} GFLOP/s")
+    if cfg['ckpt']:
+        import rollout
+        dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
+        models = [('ckpt', dyn, enc, dec, ck)]
+    else:
+        models = [(r, *random_world_model(recipe_sizes(r), dev)) for r in cfg['recipes'].split(',') if r]
+    batches = sorted({int(b) for b in cfg['batches']})  # batch 1 first: the others' estimates use it
+    K = cfg['multi_steps']
+    rows = []
+    for name, dyn, enc, dec, ck in models:
+        S = ck['data']['image_size']
+        r = {'recipe': name, 'image_size': S, 'window': ck['config']['window'],
+             'params_M': {'dynamics': n_params(dyn) / 1e6, 'decoder': n_params(dec) / 1e6, 'encoder': n_params(enc) / 1e6}}
+        # FLOPs counted on the plain fp32 modules (a compiled graph hides its ops from the counter)
+        psim = make_sim(dyn, enc, dec, ck, dev, cfg | {'compile': False, 'cuda_graphs': False})
+        sim = make_sim(dyn, enc, dec, ck, dev, cfg)
+        # cost of one jump of each network at batch 1 (the building blocks of any sampler)
+        sim.reset(rng.integers(0, 256, (1, S, S, 3), dtype=np.uint8))
+        z = sim.ctx[:, -1]
+        ctx, act = sim.ctx, torch.cat([sim.act, sim.act[:, -1:]], 1)
+        f_dyn = count_flops(lambda: M.predict_next(psim.dyn, ctx, act, sim.abar, 15, 1))
+        f_dec = count_flops(lambda: M.decode(psim.dec, z, 1, sim.abar, S))
+        f_frame = count_flops(_stepper(psim, 1, dev, cfg, rng))
+        r['gflops_per_frame'] = f_frame / 1e9
+        r['gflops_per_jump'] = {'dynamics': f_dyn / 1e9, 'decoder': f_dec / 1e9}
+        t_dyn = _time_steps(lambda: M.predict_next(sim.dyn, ctx, act, sim.abar, 15, 1), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
+        t_dec = _time_steps(lambda: M.decode(sim.dec, z, 1, sim.abar, S), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
+        r['ms_per_jump'] = {'dynamics': t_dyn * 1e3, 'decoder': t_dec * 1e3}
+        # the live loop at batch 1 (1 dynamics jump + 3 decoder jumps), then N parallel rollouts
+        est1 = t_dyn + 3 * t_dec
+        fps = {}
+        for N in batches:
+            if est1 * N * (cfg['warmup'] + 1) > cfg['max_seconds'] and N > 1:
+                # too slow to measure here: assume no gain from batching (the batch-1 rate), marked as estimated
+                fps[N] = {'fps': fps[1]['fps'] if 1 in fps else 1 / est1, 'estimated': True}
+                continue
+            t = _time_steps(_stepper(sim, N, dev, cfg, rng), dev, cfg['speed_steps'], cfg['max_seconds'],
+                            cfg['warmup'] if est1 * N * cfg['warmup'] < cfg['max_seconds'] else 1)
+            fps[N] = {'fps': N / t, 'estimated': False}
+        r['fps_by_batch'] = {str(N): v for N, v in fps.items()}
+        base = fps[1]['fps'] if 1 in fps else 1 / est1
+        r['fps_batch1'] = base
+        r['achieved_gflops'] = f_frame * base / 1e9
+        r['frac_of_matmul_rate'] = f_frame * base / rate
+        # the same networks as a multi-step (diffusion-style) world model: K dynamics + K decoder jumps
+        est_k = K * (t_dyn + t_dec)
+        if est_k * 2 <= cfg['max_seconds']:
+            msim = make_sim(dyn, enc, dec, ck, dev, cfg, K, K)
+            t = _time_steps(_stepper(msim, 1, dev, cfg, rng), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
+            r['multi_step'] = {'jumps': K, 'fps': 1 / t, 'estimated': False}
+        else:
+            r['multi_step'] = {'jumps': K, 'fps': 1 / est_k, 'estimated': True}
+        r['multi_step']['slowdown'] = base / r['multi_step']['fps']
+        rows.append(r)
+        print(f"{name}: {S}x{S}, {r['gflops_per_frame']:.2f} GFLOP/frame, batch-1 {base:.2f} FPS")
+    out = {'device': dev, 'torch': torch.__version__, 'threads': torch.get_num_threads(),
+           'matmul_gflops': rate / 1e9, 'date_utc': time.strftime('%Y-%m-%d %H:%M', time.gmtime()),
+           'cuda_options': {k: cfg[k] for k in ('bf16', 'compile', 'cuda_graphs')} if str(dev).startswith('cuda') else None,
+           'results': rows}
+    os.makedirs(cfg['out_dir'], exist_ok=True)
+    with open(os.path.join(cfg['out_dir'], 'speed.json'), 'w') as f:
+        json.dump(out, f, indent=1)
+    print(speed_table(out))
+    return out
+
+
+def speed_table(out):
+    """Markdown table of a speed result; '~' marks numbers estimated from the per-jump timings."""
+    def v(d):
+        return ('~' if d['estimated'] else '') + f"{d['fps']:.3g}"
+    Ns = sorted({int(n) for r in out['results'] for n in r['fps_by_batch']})
+    head = ['recipe', 'size', 'params (M)', 'GFLOP/frame', 'FPS b1'] + [f"frames/s N={n}" for n in Ns if n != 1] + \
+           ['multi-step FPS', 'slow-down', 'GFLOP/s', '% matmul']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for r in out['results']:
+        p = sum(r['params_M'].values())
+        cells = [r['recipe'], f"{r['image_size']}", f"{p:.2f}", f"{r['gflops_per_frame']:.3g}", f"{r['fps_batch1']:.3g}"]
+        cells += [v(r['fps_by_batch'][str(n)]) if str(n) in r['fps_by_batch'] else '' for n in Ns if n != 1]
+        ms = r['multi_step']
+        cells += [v(ms) + f" ({ms['jumps']}+{ms['jumps']})", f"{ms['slowdown']:.1f}x", f"{r['achieved_gflops']:.3g}",
+                  f"{100 * r['frac_of_matmul_rate']:.1f}"]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + f"\n\nfp32 matmul rate: {out['matmul_gflops']:.1f} GFLOP/s ({out['device']}, {out['threads']} threads)"
+
+
+def smooth_actions(n, low, high, rng, smooth=0.9, sigma=0.004, pull=0.002, start=None):
+    """n smooth random actions (n, A) inside [low, high]: a damped random walk on the commanded position,
+    v <- smooth v + sigma range N(0, 1) - pull (a - centre), a <- a + v, reflected at the bounds; it
+    starts at `start` (e.g. the episode's first recorded command, where the agent is) or the centre."""
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    rng_ = high - low
+    a = (low + high) / 2 if start is None else np.clip(np.asarray(start, np.float64), low, high)
+    v = np.zeros_like(low)
+    out = np.empty((n, len(low)), np.float32)
+    for i in range(n):
+        v = smooth * v + sigma * rng_ * rng.standard_normal(len(low)) - pull * (a - (low + high) / 2)
+        a = a + v
+        over, under = a > high, a < low  # reflect: position mirrored, velocity flipped
+        a = np.where(over, 2 * high - a, np.where(under, 2 * low - a, a))
+        v = np.where(over | under, -v, v)
+        out[i] = np.clip(a, low, high)
+    return out
+
+
+def _first_frame(ck, S):
+    """A real first frame and its recorded first command when the checkpoint's dataset is at hand (its first
+    held-out episode), else a white frame and no command."""
+    try:
+        import data as D
+        ds = D.load_dataset(ck['data']['data_dir'])
+        start = D.episode_ranges(ds['episode_ends'])[ck['data']['val_ids'][0]][0]
+        return np.array(ds['frames'][start:start + 1]), np.array(ds['actions'][start]), 'dataset'  # copies of a read-only memmap
+    except Exception:
+        return np.full((1, S, S, 3), 255, np.uint8), None, 'white'
+
+
+def bench_stability(cfg):
+    dev = pick_device(cfg['device'])
+    torch.manual_seed(cfg['seed'])
+    rng = np.random.default_rng(cfg['seed'])
+    if cfg['ckpt']:
+        import rollout
+        dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
+    else:
+        dyn, enc, dec, ck = random_world_model(recipe_sizes(cfg['recipes'].split(',')[0]), dev)
+    S = ck['data']['image_size']
+    sim = make_sim(dyn, enc, dec, ck, dev, cfg)
+    f0, a0, src = _first_frame(ck, S) if cfg['ckpt'] else (rng.integers(0, 256, (1, S, S, 3), dtype=np.uint8), None, 'random')
+    sim.reset(f0)
+    st = ck['data']['action_stats']
+    acts = smooth_actions(cfg['steps'], st['low'], st['high'], rng, cfg['act_smooth'], cfg['act_sigma'], cfg['act_pull'], a0)
+    mean0 = f0[0].reshape(-1, 3).astype(np.float64).mean(0)  # the first frame's mean colour
+    rows, blk, first_bad, strip = [], None, None, [f0[0]]  # strip: the first frame, then the last of every row
+    print(f"stability: {cfg['steps']} steps from a {src} frame, {S}x{S}, window {sim.W}, device {dev}")
+    for k in range(cfg['steps']):
+        if blk is None:
+            blk = {'t': 0.0, 'n': 0, 'bad': 0, 'norm': [], 'dz': [], 'drift': [], 'agent': [], 'block': [], 'shape': []}
+        if k == cfg['inject_nan_step']:
+            sim.ctx = torch.full_like(sim.ctx, float('nan'))  # test hook
+        prev = sim.ctx[:, -1].clone()
+        t0 = time.perf_counter()
+        frame = sim.step(acts[k:k + 1])
+        _sync(dev)
+        blk['t'] += time.perf_counter() - t0
+        blk['n'] += 1
+        z = sim.ctx[:, -1]  # the latent just predicted
+        if not bool(torch.isfinite(z).all()):
+            blk['bad'] += 1
+            first_bad = k if first_bad is None else first_bad
+        else:
+            blk['norm'].append(float(z.norm(dim=1).mean()))  # per latent pixel, across channels: 1 by construction
+            blk['dz'].append(float(((z - prev) ** 2).mean()) if bool(torch.isfinite(prev).all()) else float('nan'))
+        blk['drift'].append(float(np.linalg.norm(frame[0].reshape(-1, 3).astype(np.float64).mean(0) - mean0)))
+        if k % cfg['detect_every'] == 0:
+            det = Mx.pusht_detectable(frame)
+            blk['agent'].append(bool(det['agent'][0]))
+            blk['block'].append(bool(det['block'][0]))
+            blk['shape'].append(float(Mx.block_shape_iou(frame)[0]))
+        if (k + 1) % cfg['report_every'] == 0 or k + 1 == cfg['steps']:
+            row = {'steps': [k + 1 - blk['n'] + 1, k + 1], 'nonfinite_steps': blk['bad'],
+                   'latent_norm': _mean(blk['norm']), 'latent_change': _mean(blk['dz']),
+                   'colour_drift': _mean(blk['drift']), 'colour_drift_max': max(blk['drift']),
+                   'agent_found': _mean(blk['agent']), 'block_found': _mean(blk['block']),
+                   'block_shape_iou': _mean(blk['shape']), 'fps': blk['n'] / blk['t']}
+            rows.append(row)
+            strip.append(frame[0])
+            print(' '.join(f"{a}={_fmt(b)}" for a, b in row.items()), flush=True)
+            blk = None
+            if first_bad is not None and cfg['stop_on_nan']:
+                print(f"stopping: a latent went non-finite at step {first_bad}")
+                break
+    out = {'ckpt': os.path.abspath(cfg['ckpt']) if cfg['ckpt'] else f"random-init {cfg['recipes'].split(',')[0]}",
+           'device': dev, 'steps_requested': cfg['steps'], 'steps_run': sum(r['steps'][1] - r['steps'][0] + 1 for r in rows),
+           'first_nonfinite_step': first_bad, 'start_frame': src, 'image_size': S, 'window': sim.W,
+           'detect_every': cfg['detect_every'], 'min_pixels': {k: Mx.min_pixels(S, k) for k in ('agent', 'block')},
+           'actions': {k: cfg[k] for k in ('act_smooth', 'act_sigma', 'act_pull')},
+           'date_utc': time.strftime('%Y-%m-%d %H:%M', time.gmtime()), 'rows': rows}
+    os.makedirs(cfg['out_dir'], exist_ok=True)
+    with open(os.path.join(cfg['out_dir'], 'stability.json'), 'w') as f:
+        json.dump(out, f, indent=1)
+    save_grid(os.path.join(cfg['out_dir'], 'stability.png'), [np.stack(strip)])  # look at it: is the scene still there?
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x == x]  # drop NaN
+    return float(np.mean(xs)) if xs else None
+
+
+def _fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def main(cfg):
+    if cfg['threads'] > 0:
+        torch.set_num_threads(cfg['threads'])
+    if cfg['mode'] == 'speed':
+        return bench_speed(cfg)
+    if cfg['mode'] == 'stability':
+        return bench_stability(cfg)
+    raise SystemExit(f"mode must be 'speed' or 'stability', got {cfg['mode']!r}")
+
+
+if __name__ == '__main__':
+    main(config_from_globals(globals()))
