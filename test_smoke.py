@@ -1574,3 +1574,28 @@ def test_fourteen_dim_actions_non_pusht_scene_trains_and_rolls_out(tmp_path):
     m = json.load(open(f'{ev}/metrics.json'))
     assert m['model']['agent_err_px'] is None  # Push-T physics is not applied to another scene
     assert m['model']['mse'] is not None and m['horizon'] == 4
+
+
+def _bench_env2(size):
+    os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')
+    os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
+    from gym_pusht.envs.pusht import PushTEnv
+    return PushTEnv(obs_type='pixels', render_mode='rgb_array', observation_width=size, observation_height=size)
+
+
+def test_bench_block_shape_iou():
+    env = _bench_env2(64)
+    frames = np.stack([env.reset(options={'reset_to_state': st})[0]
+                       for st in ([60, 460, 250, 250, 0.0], [450, 60, 200, 300, 1.0], [60, 60, 300, 220, -2.2])])
+    env.close()
+    assert (Mx.block_shape_iou(frames) > 0.75).all()  # a rendered T is T-shaped
+    blob = np.full((1, 64, 64, 3), 255, np.uint8)  # a melted block: a disc of the block's colour, same area
+    yy, xx = np.mgrid[0:64, 0:64]
+    blob[0][(yy - 30) ** 2 + (xx - 30) ** 2 <= 5.6 ** 2] = (143, 163, 184)
+    assert Mx.pusht_detectable(blob)['block'][0] and Mx.block_shape_iou(blob)[0] < 0.6
+    assert Mx.block_shape_iou(np.full((1, 64, 64, 3), 255, np.uint8))[0] == 0
+
+
+def test_bench_smooth_actions_start():
+    a = bench.smooth_actions(50, [20, 20], [492, 492], np.random.default_rng(0), start=[400, 60])
+    assert np.linalg.norm(a[0] - [400, 60]) < 20  # starts where the agent is, not at the centre
