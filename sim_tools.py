@@ -358,29 +358,33 @@ def spearman(x, y):
 
 
 def scatter_png(path, xs, ys, labels, title, note=''):
-    """Scatter of real (x) vs model (y) scores in [0, 1] with the diagonal, drawn with PIL."""
+    """Scatter of real (x) vs model (y) scores with the diagonal and a legend, drawn with PIL; both axes
+    run from 0 to the smallest tenth above the largest score (at most 1), so small scores stay readable."""
     from PIL import Image, ImageDraw
     W, m = 520, 60
+    lim = min(1.0, max(0.1, math.ceil(max(list(xs) + list(ys) + [0.0]) * 10 + 1e-9) / 10))
     img = Image.new('RGB', (W, W), 'white')
     d = ImageDraw.Draw(img)
-    px = lambda x, y: (m + x * (W - 2 * m), W - m - y * (W - 2 * m))
-    d.rectangle([px(0, 1), px(1, 0)], outline='black')
-    for k in range(0, 11, 2):  # ticks every 0.2
-        v = k / 10
+    px = lambda x, y: (m + x / lim * (W - 2 * m), W - m - y / lim * (W - 2 * m))
+    d.rectangle([px(0, lim), px(lim, 0)], outline='black')
+    for k in range(6):  # 5 tick intervals
+        v = lim * k / 5
         d.line([px(v, 0), (px(v, 0)[0], px(v, 0)[1] + 5)], fill='black')
         d.line([px(0, v), (px(0, v)[0] - 5, px(0, v)[1])], fill='black')
-        d.text((px(v, 0)[0] - 8, px(v, 0)[1] + 8), f"{v:.1f}", fill='black')
-        d.text((px(0, v)[0] - 32, px(0, v)[1] - 6), f"{v:.1f}", fill='black')
+        d.text((px(v, 0)[0] - 8, px(v, 0)[1] + 8), f"{v:.2f}", fill='black')
+        d.text((px(0, v)[0] - 36, px(0, v)[1] - 6), f"{v:.2f}", fill='black')
     for k in range(50):  # dashed diagonal: model == real
         if k % 2 == 0:
-            d.line([px(k / 50, k / 50), px((k + 1) / 50, (k + 1) / 50)], fill=(160, 160, 160))
+            d.line([px(lim * k / 50, lim * k / 50), px(lim * (k + 1) / 50, lim * (k + 1) / 50)], fill=(160, 160, 160))
     colours = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
                (227, 119, 194), (127, 127, 127)]
     for k, (x, y, name) in enumerate(zip(xs, ys, labels)):
-        cx, cy = px(min(max(x, 0), 1), min(max(y, 0), 1))
+        cx, cy = px(min(max(x, 0), lim), min(max(y, 0), lim))
         col = colours[k % len(colours)]
         d.ellipse([cx - 5, cy - 5, cx + 5, cy + 5], fill=col)
-        d.text((cx + 8, cy - 6), name, fill=col)
+        lx, ly = px(0, lim)[0] + 10, px(0, lim)[1] + 8 + 14 * k  # legend, top left inside the axes
+        d.ellipse([lx, ly + 2, lx + 8, ly + 10], fill=col)
+        d.text((lx + 14, ly), f"{name} ({x:.2f}, {y:.2f})", fill=col)
     d.text((m, 15), title, fill='black')
     d.text((m, 32), note, fill='black')
     d.text((W // 2 - 60, W - 25), 'real simulator (gym-pusht)', fill='black')
