@@ -91,7 +91,7 @@ def recipe_sizes(name):
     c |= {k: v for k, v in (_literals(os.path.join(HERE, 'train_dynamics.py')) | _literals(os.path.join(HERE, dyn_cfg))).items()
           if k.startswith('dyn_') or k == 'window'}
     keys = ('enc_ch', 'dec_ch', 'dec_attn', 'latent_ch', 'emb_dim', 'heads', 'window', 'dyn_ch', 'dyn_depth', 'dyn_emb',
-            'dyn_heads', 'dyn_spatial_attn')
+            'dyn_heads', 'dyn_spatial_attn', 'dyn_action_map')
     return {k: c[k] for k in keys} | {'image_size': S}
 
 
@@ -101,7 +101,7 @@ def random_world_model(sizes, dev, action_dim=2):
     enc = M.Encoder(z['enc_ch'], z['latent_ch']).to(dev).eval()
     dec = M.Decoder(tuple(z['dec_ch']), tuple(z['dec_attn']), z['latent_ch'], z['emb_dim'], z['heads']).to(dev).eval()
     dyn = M.Dynamics(z['latent_ch'], z['dyn_ch'], z['dyn_depth'], action_dim, z['dyn_emb'], z['dyn_heads'],
-                     z['dyn_spatial_attn']).to(dev).eval()
+                     z['dyn_spatial_attn'], z.get('dyn_action_map', False)).to(dev).eval()
     ck = {'action_dim': action_dim, 'config': {'window': z['window']},
           'data': {'image_size': z['image_size'], 'action_stats': {'low': [0.0] * action_dim, 'high': [512.0] * action_dim}}}
     return dyn, enc, dec, ck

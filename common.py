@@ -150,7 +150,8 @@ def load_autoencoder(path, dev, expect_fingerprint=None):
     ck = load_checkpoint(path, expect_kind='ae')
     c = ck['config']
     enc = M.Encoder(c['enc_ch'], c['latent_ch']).to(dev).eval()
-    dec = M.Decoder(tuple(c['dec_ch']), tuple(c['dec_attn']), c['latent_ch'], c['emb_dim'], c['heads']).to(dev).eval()
+    dec = M.Decoder(tuple(c['dec_ch']), tuple(c['dec_attn']), c['latent_ch'], c['emb_dim'], c['heads'],
+                    c.get('decoder_type') == 'deterministic').to(dev).eval()
     enc.load_state_dict(ck['encoder'])
     dec.load_state_dict(ck['decoder'])
     fp = fingerprint(enc.state_dict())

@@ -160,21 +160,26 @@ def rotary(x, pos):
 
 class TemporalAttention(nn.Module):
     """Causal self-attention over the T frames, separately at every latent pixel, with rotary positions.
-    Frame k sees frames <= k only, so a context frame's features never depend on later frames."""
+    Frame k sees frames <= k only, so a context frame's features never depend on later frames.
+    pos (T,) and mask (T, T) (True = may attend) replace the plain causal layout when given (training
+    with a query per frame, see Dynamics.forward)."""
 
     def __init__(self, ch, heads):
         super().__init__()
         self.heads, self.n = heads, norm(ch)
         self.qkv, self.out = nn.Linear(ch, 3 * ch), zero_init(nn.Linear(ch, ch))
 
-    def forward(self, x, T):
+    def forward(self, x, T, pos=None, mask=None):
         BT, C, H, W = x.shape
         B = BT // T
         h = self.n(x).reshape(B, T, C, H * W).permute(0, 3, 1, 2).reshape(B * H * W, T, C)  # (B*HW, T, C)
         q, k, v = self.qkv(h).reshape(B * H * W, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        pos = torch.arange(T, device=x.device)
+        pos = torch.arange(T, device=x.device) if pos is None else pos
         q, k = rotary(q, pos), rotary(k, pos)  # each (B*HW, heads, T, d)
-        h = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B*HW, heads, T, d)
+        if mask is None:
+            h = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B*HW, heads, T, d)
+        else:
+            h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         h = self.out(h.transpose(1, 2).reshape(B * H * W, T, C))  # (B*HW, T, C)
         h = h.reshape(B, H * W, T, C).permute(0, 2, 3, 1).reshape(BT, C, H, W)  # back to (B*T, C, H, W)
         return x + h
@@ -208,9 +213,10 @@ class Decoder(nn.Module):
     1x1-projected, at the entry of every level (a cheap stand-in for the reference's ControlNet copy).
     Widest layers at the lowest resolution; attention only where it is switched on (few tokens)."""
 
-    def __init__(self, ch=(16, 32, 64), attn=(False, False, True), latent_ch=4, emb_dim=64, heads=2):
+    def __init__(self, ch=(16, 32, 64), attn=(False, False, True), latent_ch=4, emb_dim=64, heads=2, deterministic=False):
         super().__init__()
         L = len(ch)
+        self.deterministic = deterministic  # the ablation's plain decoder: one pass from a zero image (decode)
         self.emb = LevelEmbedding(emb_dim)
         self.cond = nn.Sequential(nn.Conv2d(latent_ch, ch[-1], 3, padding=1), nn.SiLU(),
                                   nn.Conv2d(ch[-1], ch[-1], 3, padding=1), nn.SiLU())
@@ -274,6 +280,13 @@ def decoder_loss(dec, x0, z, t, s, abar, snr_gamma=5.0, both_terms=True):
     return (w * ((out - target) ** 2).mean(dim=(1, 2, 3))).mean()
 
 
+def deterministic_decoder_loss(dec, x0, z, abar):
+    """The ablation baseline: the same UNet as a plain deterministic decoder, x0_hat(0, 999, 0 | z)
+    regressed onto the frame with MSE (no noise anywhere, so it predicts the mean image given z)."""
+    t = torch.full((x0.shape[0],), T_STEPS - 1, dtype=torch.long, device=x0.device)
+    return ((decoder_x0(dec, torch.zeros_like(x0), t, torch.zeros_like(t), z, abar) - x0) ** 2).mean()
+
+
 def sample_schedule(K, T=T_STEPS):
     """The K-jump sampling path: linspace(999, 0, K + 1) rounded to integers."""
     return [int(round(v)) for v in torch.linspace(T - 1, 0, K + 1).tolist()]
@@ -283,8 +296,11 @@ def sample_schedule(K, T=T_STEPS):
 def decode(dec, z, K, abar, image_size, generator=None):
     """Noise -> image in K jumps along the schedule, conditioned on z. Returns (B,3,S,S) in [-1, 1]."""
     B = z.shape[0]
-    x = torch.randn(B, 3, image_size, image_size, generator=generator, device='cpu').to(z.device)
-    path = sample_schedule(K)
+    if dec.deterministic:  # one pass from a zero image, whatever K is
+        x, path = torch.zeros(B, 3, image_size, image_size, device=z.device), [T_STEPS - 1, 0]
+    else:
+        x = torch.randn(B, 3, image_size, image_size, generator=generator, device='cpu').to(z.device)
+        path = sample_schedule(K)
     for t_, s_ in zip(path[:-1], path[1:]):
         t = torch.full((B,), t_, device=z.device, dtype=torch.long)
         s = torch.full((B,), s_, device=z.device, dtype=torch.long)
@@ -307,8 +323,14 @@ class Dynamics(nn.Module):
     causal temporal attention. Convs are per frame (kernel (1,k,k)) and GroupNorm is per frame too, so
     nothing but the causal temporal attention mixes frames."""
 
-    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all'):
+    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=False):
         super().__init__()
+        # action_map (off by default; the Push-T CPU recipe turns it on): when the first two action
+        # dimensions are a point in the image (Push-T: the agent's target, (x, y) = (column, row)), the
+        # frame's action is also drawn as a Gaussian spot on the latent grid and given to the input conv,
+        # so "the agent goes where the spot is" is a local rule the convs learn in a few hundred steps,
+        # not a map from two numbers to a place that FiLM must discover. Not in the paper.
+        self.action_map = action_map
         self.emb = LevelEmbedding(emb_dim)
         self.act = nn.Sequential(nn.Linear(action_dim + 1, emb_dim),  # + the 'has action' bit (action_input)
                                   nn.SiLU(), nn.Linear(emb_dim, emb_dim))
@@ -317,7 +339,7 @@ class Dynamics(nn.Module):
         #   with it one conv away the net need not first learn to copy it through attention;
         # - coordinates: convs are translation-equivariant, but an action like a Push-T target is a
         #   place in the image, so every latent pixel is told where it is.
-        self.conv_in = nn.Conv2d(2 * latent_ch + 2, ch, 5, padding=2)
+        self.conv_in = nn.Conv2d(2 * latent_ch + 2 + int(action_map), ch, 5, padding=2)
         self.attn_in = TemporalAttention(ch, heads)
 
         def block(cin, sa):  # spatial_attn 'all' or 'mid' (the cheaper CPU choice: 256 tokens cost)
@@ -331,18 +353,41 @@ class Dynamics(nn.Module):
         self.up = nn.ModuleList([block(2 * ch, every) for _ in range(depth)])
         self.out = nn.Sequential(norm(ch), nn.SiLU(), zero_init(nn.Conv2d(ch, latent_ch, 3, padding=1)))
 
-    def forward(self, x, t, s, a):
+    def forward(self, x, t, s, a, queries=False):
+        """x (B, T, C, h, w) latents at levels t, s (B, T), actions a (B, T, A+1) -> v (B, T, C, h, w).
+        queries=False: a plain causal window; frame j sees frames <= j, its 'previous frame' is j-1.
+        queries=True (training, T = 2n): x holds n context frames z_0..z_{n-1}, then n new frames
+        z_1..z_n (noisy). New frame z_{j+1} sees context frames <= j and itself, has z_j as its previous
+        frame and sits at position j+1, so each of the n queries is exactly the last frame of a plain
+        window over z_0..z_{j+1}: one pass trains n predictions instead of one."""
         B, T, C, H, W = x.shape
         e = [self.emb(t.reshape(-1), s.reshape(-1)), self.act(a.reshape(B * T, -1))]  # each (B*T, E)
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, H, device=x.device), torch.linspace(-1, 1, W, device=x.device), indexing='ij')
         coords = torch.stack([xs, ys])[None].expand(B * T, 2, H, W)  # (B*T, 2, H, W)
-        prev = torch.cat([x[:, :1], x[:, :-1]], 1)  # (B, T, C, H, W): frame j-1 (frame 0 for frame 0)
-        h = torch.cat([x.reshape(B * T, C, H, W), prev.reshape(B * T, C, H, W), coords], 1)  # (B*T, 2C+2, H, W)
-        h = self.attn_in(self.conv_in(h), T)  # (B*T, ch, H, W)
+        pos = mask = None
+        if queries:
+            n = T // 2
+            ctx = x[:, :n]  # (B, n, C, H, W)
+            prev = torch.cat([ctx[:, :1], ctx[:, :-1], ctx], 1)  # (B, 2n, C, H, W)
+            i = torch.arange(n, device=x.device)
+            pos = torch.cat([i, i + 1])  # (2n,)
+            causal = i[None, :] <= i[:, None]  # (n, n): row may see column
+            mask = torch.cat([torch.cat([causal, torch.zeros(n, n, dtype=torch.bool, device=x.device)], 1),
+                              torch.cat([causal, torch.eye(n, dtype=torch.bool, device=x.device)], 1)], 0)  # (2n, 2n)
+        else:
+            prev = torch.cat([x[:, :1], x[:, :-1]], 1)  # (B, T, C, H, W): frame j-1 (frame 0 for frame 0)
+        h = [x.reshape(B * T, C, H, W), prev.reshape(B * T, C, H, W), coords]
+        if self.action_map:  # a spot of std one latent pixel at the action's (x, y); none where no action
+            a2 = a.reshape(B * T, -1)  # (B*T, A+1): normalised action in [-1, 1], then the 'has action' bit
+            d2 = (coords[:, 0] - a2[:, 0, None, None]) ** 2 + (coords[:, 1] - a2[:, 1, None, None]) ** 2  # (B*T, H, W)
+            sigma = 2.0 / max(W - 1, 1)
+            h.append((torch.exp(-d2 / (2 * sigma ** 2)) * a2[:, -1, None, None])[:, None])  # (B*T, 1, H, W)
+        h = torch.cat(h, 1)  # (B*T, 2C+2[+1], H, W)
+        h = self.attn_in(self.conv_in(h), T, pos, mask)  # (B*T, ch, H, W)
 
         def run(blk, h):
             res, sa, ta = blk
-            return ta(sa(res(h, e)), T)
+            return ta(sa(res(h, e)), T, pos, mask)
         skips = []
         for blk in self.down:
             h = run(blk, h)
@@ -374,27 +419,36 @@ def dynamics_predict(dyn, x, t, s, a, abar):
     return torch.where(_bc(s[:, -1] == 0, out), unit_norm(out), out)  # re-normalise only a finished latent
 
 
-def dynamics_loss(dyn, z, a, abar, ctx_noise=True, motion_weight=0.0):
-    """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A):
-    context frames really noised at U{1..99} (or left clean when ctx_noise is off), the last frame
-    from pure noise (t = 999 -> s = 0), MSE against the true next latent. Uniform by default;
-    motion_weight > 0 multiplies the error at latent pixels that change from the previous frame by
-    (1 + motion_weight), so a small moving thing (the Push-T agent is one latent pixel) is not
-    drowned by the static scene."""
+def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True):
+    """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A+1):
+    context frames really noised at U{1..99} (or left clean when ctx_noise is off), the new frame from
+    pure noise (t = 999 -> s = 0), uniform MSE against the true latent.
+    all_frames=False: the paper's layout, the last frame is the only new one (one prediction per window).
+    all_frames=True: every frame after the first is a new frame in the same pass (Dynamics.forward with
+    queries), each seeing exactly the context a plain window would give it: T-1 predictions per window
+    for (2T-2)/T times the compute. Same model, same inference; more training signal per FLOP."""
     B, T = z.shape[:2]
-    t, s = dynamics_levels(B, T, None, z.device)
-    if not ctx_noise:
-        t[:, :-1], s[:, :-1] = 0, 0
-    eps = torch.randn_like(z)
-    x = add_noise(z.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
-    x = x.reshape(z.shape)  # (B, T, C, h, w)
-    pred = dynamics_predict(dyn, x, t, s, a, abar)
-    err = ((pred - z[:, -1]) ** 2).mean(1)  # (B, h, w)
-    if motion_weight > 0:
-        moved = ((z[:, -1] - z[:, -2]) ** 2).sum(1) > 0.01  # (B, h, w) latent pixels that changed
-        w = 1 + motion_weight * moved.float()
-        return (w * err).sum() / w.sum()
-    return err.mean()
+    if not all_frames:
+        t, s = dynamics_levels(B, T, None, z.device)
+        if not ctx_noise:
+            t[:, :-1], s[:, :-1] = 0, 0
+        eps = torch.randn_like(z)
+        x = add_noise(z.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
+        pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar)  # (B, C, h, w)
+        return ((pred - z[:, -1]) ** 2).mean()
+    n = T - 1
+    tc = torch.randint(1, 100, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
+    t = torch.cat([tc, torch.full_like(tc, T_STEPS - 1)], 1)  # (B, 2n): context levels, then the new frames'
+    s = torch.cat([tc, torch.zeros_like(tc)], 1)
+    zz = torch.cat([z[:, :n], z[:, 1:]], 1)  # (B, 2n, C, h, w): context z_0..z_{n-1}, targets z_1..z_n
+    eps = torch.randn_like(zz)
+    x = add_noise(zz.reshape(B * 2 * n, *z.shape[2:]), t.reshape(-1), eps.reshape(B * 2 * n, *z.shape[2:]), abar)
+    x = x.reshape(zz.shape)  # (B, 2n, C, h, w)
+    v = dyn(x, t, s, torch.cat([a[:, :n], a[:, 1:]], 1), queries=True)[:, n:]  # (B, n, C, h, w)
+    xq = x[:, n:].reshape(B * n, *z.shape[2:])  # (B*n, C, h, w)
+    tq, sq = t[:, n:].reshape(-1), s[:, n:].reshape(-1)
+    pred = unit_norm(jump(xq, x0_from_v(xq, tq, v.reshape(xq.shape), abar), tq, sq))  # s = 0: x0_hat
+    return ((pred - z[:, 1:].reshape(B * n, *z.shape[2:])) ** 2).mean()
 
 
 @torch.no_grad()

@@ -69,7 +69,8 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     ck = load_checkpoint(ckpt_path, expect_kind='dynamics')
     c = ck['config']
     enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
-    dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'], c['dyn_spatial_attn'])
+    dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
+                     c['dyn_spatial_attn'], c.get('dyn_action_map', False))
     dyn.load_state_dict(ck['model'])
     return dyn.to(dev).eval(), enc, dec, ck
 

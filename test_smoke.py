@@ -85,6 +85,11 @@ def test_shapes_through_every_module():
     t, s = torch.tensor([999, 500]), torch.tensor([666, 0])
     assert dec(x, t, s, z).shape == x.shape
     assert M.decode(dec, z, 3, ABAR, 32).shape == x.shape
+    # the ablation's deterministic decoder: one pass from a zero image, the same output whatever the seed
+    det = _randomize(M.Decoder((8, 16), (False, True), 4, 32, 2, deterministic=True))
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    assert torch.equal(M.decode(det, z, 3, ABAR, 32, g1), M.decode(det, z, 1, ABAR, 32, g2))
+    assert torch.isfinite(M.deterministic_decoder_loss(det, x, z, ABAR))
     zw = M.unit_norm(torch.randn(2, 5, 4, 8, 8), 2)
     a = M.action_input(torch.randn(2, 5, 2), 1)
     tt, ss = M.dynamics_levels(2, 5, None, 'cpu')
@@ -109,6 +114,51 @@ def test_temporal_attention_is_causal():
     out2 = dyn(z2, t, s, a2)
     assert torch.allclose(out1[:, :-1], out2[:, :-1], atol=1e-5)  # earlier frames do not see it
     assert not torch.allclose(out1[:, -1], out2[:, -1])
+
+
+def test_action_map_spot_is_where_the_action_points():
+    """dyn_action_map draws the action (x, y) in [-1, 1] at (column, row) of the latent grid, and
+    nothing for a frame no action produced."""
+    dyn = M.Dynamics(4, 16, 1, 2, 32, 2, action_map=True)
+    seen = {}
+    dyn.conv_in.register_forward_pre_hook(lambda m, inp: seen.update(x=inp[0]))
+    z = M.unit_norm(torch.randn(1, 3, 4, 8, 8), 2)
+    a = torch.cat([M.action_input(torch.zeros(1, 1, 2), 0),  # first frame: no action
+                   M.action_input(torch.tensor([[[1.0, -1.0]]]), 1),  # right edge, top row
+                   M.action_input(torch.tensor([[[-1.0, 3 / 7 * 2 - 1]]]), 1)], 1)  # left edge, row 3
+    t, s = M.dynamics_levels(1, 3, 15, 'cpu')
+    dyn(z, t, s, a)
+    spot = seen['x'][:, -1]  # (3, 8, 8)
+    assert spot[0].abs().max() == 0
+    assert divmod(int(spot[1].argmax()), 8) == (0, 7) and divmod(int(spot[2].argmax()), 8) == (3, 0)
+    assert abs(spot[1].max().item() - 1) < 1e-5
+
+
+def test_query_layout_equals_plain_windows():
+    """Training with a query per frame (all_frames) must give each new frame exactly what inference
+    gives it: the last frame of a plain causal window over the frames before it."""
+    _, _, dyn = _tiny_nets()
+    _randomize(dyn)
+    B, n = 2, 4
+    z = M.unit_norm(torch.randn(B, n + 1, 4, 8, 8), 2)
+    x = torch.cat([z[:, :n], torch.randn(B, n, 4, 8, 8)], 1)  # context z_0..z_3, then 4 noisy new frames
+    tc = torch.randint(1, 100, (B, n))
+    t = torch.cat([tc, torch.full((B, n), 999)], 1)
+    s = torch.cat([tc, torch.zeros(B, n, dtype=torch.long)], 1)
+    a = torch.randn(B, 2 * n, 3)
+    vq = dyn(x, t, s, a, queries=True)
+    for j in range(n):  # plain window: context 0..j, then new frame j+1
+        sel = list(range(j + 1)) + [n + j]
+        vp = dyn(x[:, sel], t[:, sel], s[:, sel], a[:, sel])
+        assert torch.allclose(vp[:, -1], vq[:, n + j], atol=1e-5), j
+        assert torch.allclose(vp[:, :-1], vq[:, :j + 1], atol=1e-5), j
+    # and the loss in both layouts trains (finite, differentiable) on the same window
+    act = M.action_input(torch.randn(B, n + 1, 2), 1)
+    for all_frames in (True, False):
+        loss = M.dynamics_loss(dyn, z, act, ABAR, all_frames=all_frames)
+        loss.backward()
+        assert torch.isfinite(loss) and dyn.conv_in.weight.grad.abs().sum() > 0
+        dyn.zero_grad()
 
 
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch():
@@ -252,6 +302,19 @@ def test_end_to_end_pipeline(tmp_path):
         sim.step(np.zeros((2, 3)))
     with pytest.raises(ValueError, match='uint8'):
         sim.reset(np.zeros((2, 16, 16, 3), np.uint8))
+    # the ablation command: trains its two variants (tiny) and scores every row on the same episodes
+    ab = str(tmp_path / 'ablation')
+    r = _run(['ablate.py', f'--ckpt={dyn}/ckpt.pt', f'--out_dir={ab}', '--num_episodes=1', '--horizon=3',
+              '--dyn_iters=2', '--ae_iters=2', '--windows=(2,)'], ROOT)
+    assert r.returncode == 0, r.stderr + r.stdout[-2000:]
+    rows = json.load(open(f'{ab}/ablation.json'))['rows']
+    names = [x['row'] for x in rows]
+    assert len(rows) == 7 and any('deterministic' in n for n in names) and any('no context noise' in n for n in names)
+    assert all(np.isfinite(x['mse']) for x in rows) and '| variant |' in open(f'{ab}/ablation.md').read()
+    det = common.load_checkpoint(f'{ab}/det_decoder/ckpt_deterministic.pt', expect_kind='ae')
+    assert det['config']['decoder_type'] == 'deterministic' and det['iter'] == 2
+    assert det['encoder_fingerprint'] == common.load_checkpoint(f'{ae}/ckpt.pt')['encoder_fingerprint']  # frozen
+    assert not common.load_checkpoint(f'{ab}/dyn_no_ctx_noise/ckpt.pt')['config']['ctx_noise']
     # a different autoencoder (another stage-1 run) is refused by name
     r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={tmp_path}/ae2', '--max_iters=1', '--eval_interval=1',
               '--val_frac=0.34', '--seed=5'] + TINY_AE, ROOT)

@@ -4,9 +4,11 @@ loss only (Wang et al. 2026, arXiv 2603.08546, sec. on the autoencoder).
 
     python train_ae.py config/pusht_cpu.py --data_dir=data/pusht64 --out_dir=out/ae --max_iters=3000
 
---finetune=True runs the optional decoder fine-tune on an existing checkpoint in out_dir: encoder
-frozen, t = 999, s from the interior points of the sampling schedule, small Gaussian noise on z so
-the decoder tolerates imperfect predicted latents, lr x 0.1.
+--finetune=True runs the optional decoder fine-tune on an existing checkpoint (out_dir/ckpt.pt or
+--init_ckpt=): encoder frozen, t = 999, s from the interior points of the sampling schedule, small
+Gaussian noise on z so the decoder tolerates imperfect predicted latents, lr x 0.1; it writes
+out_dir/ckpt_finetune.pt. With --decoder_type=deterministic it instead trains, from scratch on the
+frozen encoder, the ablation's plain decoder (one pass from a zero image, MSE) into ckpt_deterministic.pt.
 
 Several GPUs (or CPU processes, gloo): torchrun --standalone --nproc_per_node=N train_ae.py ...
 Global batch per optimizer step = batch_size * grad_accum * N (batch_size is per micro-batch and rank).
@@ -32,6 +34,9 @@ data_dir = 'data/pusht64'
 out_dir = 'out/ae'
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 finetune = False  # decoder fine-tune on out_dir/ckpt.pt (stage 3 of the reference)
+decoder_type = 'consistency'  # or 'deterministic': the ablation's plain decoder (one pass, MSE); with
+# finetune=True it is trained from scratch on the frozen encoder of init_ckpt into out_dir/ckpt_deterministic.pt
+init_ckpt = ''  # the stage-1 checkpoint a fine-tune starts from; '' = out_dir/ckpt.pt
 val_frac = 0.1
 split_seed = 0
 # model
@@ -113,14 +118,17 @@ def main():
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
         raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    ckpt_path = init_ckpt or os.path.join(out_dir, 'ckpt.pt')
     # the fine-tune reads the stage-1 checkpoint and writes its own, so the original is never lost
-    save_path = os.path.join(out_dir, 'ckpt_finetune.pt' if finetune else 'ckpt.pt')
+    if decoder_type not in ('consistency', 'deterministic'):
+        raise SystemExit(f"decoder_type must be 'consistency' or 'deterministic', got {decoder_type!r}")
+    det = decoder_type == 'deterministic'
+    save_path = os.path.join(out_dir, ('ckpt_deterministic.pt' if det else 'ckpt_finetune.pt') if finetune else 'ckpt.pt')
     best_path = save_path[:-len('.pt')] + '_best.pt'
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     enc = M.Encoder(enc_ch, latent_ch).to(dev)
-    dec = M.Decoder(dec_ch, dec_attn, latent_ch, emb_dim, heads).to(dev)
+    dec = M.Decoder(dec_ch, dec_attn, latent_ch, emb_dim, heads, det).to(dev)
     # room for the latest, the best and one being written; checked before any data is read
     est = checkpoint_bytes([dec], [enc]) if finetune else checkpoint_bytes([enc, dec])
     check_out_dir(out_dir, 3 * est, rank)
@@ -150,16 +158,17 @@ def main():
         keys, extra = ARCH_KEYS, []
         if init_from == 'resume':  # a resume must continue the same run: same stage, data and split too
             d = ck['data']
-            keys = ARCH_KEYS + ('finetune',)
+            keys = ARCH_KEYS + ('finetune', 'decoder_type')
             extra = [('data_dir', d['data_dir'], os.path.abspath(data_dir)), ('image_size', d['image_size'], S),
                      ('train_ids', d['train_ids'], train_ids), ('val_ids', d['val_ids'], val_ids)]
         check_compatible(src, ck['config'], config, keys, extra)
         enc.load_state_dict(ck['encoder'])
-        dec.load_state_dict(ck['decoder'])
+        if not (finetune and det and init_from != 'resume'):  # the deterministic decoder starts from scratch
+            dec.load_state_dict(ck['decoder'])
     if finetune:
         enc.requires_grad_(False)
     params = list(dec.parameters()) + ([] if finetune else list(enc.parameters()))
-    base_lr = lr * (0.1 if finetune else 1.0)
+    base_lr = lr * (0.1 if finetune and not det else 1.0)
     opt = torch.optim.AdamW(params, lr=base_lr, weight_decay=weight_decay)
     np_rng, trng = seed_streams(seed, 0, rank)  # this rank's streams: batch indices, noise levels, noise
     if init_from == 'resume':
@@ -220,12 +229,15 @@ def main():
             # DDP reduces gradients only on the last micro-step; forward and backward both inside
             with ddp_sync([enc_run, dec_run], micro == grad_accum - 1):
                 z = enc_run(x)
-                if finetune:
-                    t, s = finetune_levels(batch_size, trng, decode_steps)
-                    z = M.unit_norm(z + ft_z_noise * torch.randn_like(z))
+                if det:
+                    loss = M.deterministic_decoder_loss(dec_run, x, z, abar)
                 else:
-                    t, s = sample_levels(batch_size, trng, decode_steps)
-                loss = M.decoder_loss(dec_run, x, z, t.to(dev), s.to(dev), abar, snr_gamma, both_terms)
+                    if finetune:
+                        t, s = finetune_levels(batch_size, trng, decode_steps)
+                        z = M.unit_norm(z + ft_z_noise * torch.randn_like(z))
+                    else:
+                        t, s = sample_levels(batch_size, trng, decode_steps)
+                    loss = M.decoder_loss(dec_run, x, z, t.to(dev), s.to(dev), abar, snr_gamma, both_terms)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
                 # a NaN still runs backward: every rank must join the all-reduce; the step is refused below

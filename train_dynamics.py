@@ -6,6 +6,9 @@ arXiv 2603.08546). The dataset is encoded once and cached; stage 2 never touches
     python train_dynamics.py config/dyn_pusht_cpu.py --data_dir=data/pusht64 --ae_ckpt=out/ae/ckpt.pt \
         --out_dir=out/dyn --max_iters=2000
 
+Each window of W frames trains W-1 predictions in one pass (all_frames, see model.dynamics_loss): frame
+j+1 from noise, seeing the (noised) context frames <= j, exactly as a rollout would show it to the net.
+
 Action alignment (kept everywhere): frame k+1 is predicted from frames <= k and actions <= k,
 where action k is the command issued after seeing frame k. In a window, the action attached to a
 frame is the one that produced it.
@@ -43,7 +46,8 @@ dyn_depth = 2
 dyn_emb = 128
 dyn_heads = 4
 dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the middle one ('mid')
-motion_weight = 0.0  # > 0: extra loss weight on latent pixels that change (see model.dynamics_loss)
+dyn_action_map = False  # the action's first two dims are an image point: also draw it as an input map (model.Dynamics)
+all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
@@ -122,7 +126,7 @@ def latent_rollout(dyn, z_true, a_norm, abar, W, level, steps, gen=None):
     return torch.stack(preds, 1)
 
 
-ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn')
+ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn', 'dyn_action_map')
 
 
 def main():
@@ -138,7 +142,7 @@ def main():
     # room for the latest, the best and one being written; checked before any data is read. The size
     # hardly depends on the action dim, so a weightless (meta) model with 2 stands in for it.
     with torch.device('meta'):
-        probe = M.Dynamics(ae['config']['latent_ch'], dyn_ch, dyn_depth, 2, dyn_emb, dyn_heads, dyn_spatial_attn)
+        probe = M.Dynamics(ae['config']['latent_ch'], dyn_ch, dyn_depth, 2, dyn_emb, dyn_heads, dyn_spatial_attn, dyn_action_map)
     est = checkpoint_bytes([probe])
     check_out_dir(out_dir, 3 * est, rank)
 
@@ -179,7 +183,9 @@ def main():
     tgt_start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in train_ids])
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn).to(dev)
+    if dyn_action_map and A < 2:
+        raise SystemExit(f"dyn_action_map=True needs actions whose first two dims are an image point; {data_dir!r} has {A}-d actions")
+    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn, dyn_action_map).to(dev)
     abar = M.sigmoid_alpha_bar().to(dev)
     opt = torch.optim.AdamW(dyn.parameters(), lr=lr, weight_decay=weight_decay)
     it, best, last_val = 0, float('inf'), None
@@ -247,7 +253,7 @@ def main():
             z = z_all[fidx].to(dev)  # (B, W, C, h, w)
             # DDP reduces gradients only on the last micro-step; forward and backward both inside
             with ddp_sync([dyn_run], micro == grad_accum - 1):
-                loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise, motion_weight)
+                loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise, all_frames)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
                 # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
