@@ -13,7 +13,10 @@ when it is there), with the full model's own config, so only the ablated thing d
   context level 0         the same networks, context labelled clean at inference
   no context noise        dynamics retrained with clean context (ctx_noise=False), rolled out at level 0
   deterministic decoder   the same encoder (frozen), the same UNet trained from scratch as a plain
-                          MSE decoder (one pass from a zero image), the full dynamics model
+                          MSE decoder (one pass from a zero image), the full dynamics model; for a full
+                          model that already runs on it (the Push-T CPU recipe), the consistency decoder
+                          of its stage-1 checkpoint instead (and no K = 1 row)
+  no residual, no own     retrained with dyn_residual / own_ctx off, when the full model has them on
   window w                the full model rolled out with a shorter window (w-1 context latents)
   copy first frame        the baseline
 
@@ -33,7 +36,7 @@ out_dir = 'out/ablation'
 num_episodes = 16
 horizon = 192
 windows = (2, 4)  # shorter rollout windows to try (each < the trained window)
-dyn_iters = 0  # iterations for the retrained no-context-noise dynamics; 0 = as many as the full model had
+dyn_iters = 0  # iterations for each retrained dynamics variant; 0 = as many as the full model had
 ae_iters = 0  # iterations for the deterministic decoder; 0 = as many as stage 1 had
 train = True  # train missing variants; False: skip rows whose checkpoint is missing
 batch_size = 8
@@ -58,30 +61,44 @@ def _train(script, args, log_path):
 
 
 def variants(cfg, ck):
-    """Train (or find) the two retrained variants. Returns {name: checkpoint path or None}."""
+    """Train (or find) the retrained variants. Returns {name: checkpoint path or None}: 'decoder', the other
+    decoder on the same frozen encoder (the deterministic one for a consistency-decoder model; the stage-1
+    consistency decoder for a model that runs on the deterministic one), and one dynamics model per
+    training switch the full model has on, retrained with it off ('no_ctx_noise', 'no_residual', 'no_own_ctx')."""
     os.makedirs(cfg['out_dir'], exist_ok=True)
     out = {}
     ae_path = ck['ae_ckpt']
     ae = load_checkpoint(ae_path, expect_kind='ae')
-    det_dir = os.path.join(cfg['out_dir'], 'det_decoder')
-    det = os.path.join(det_dir, 'ckpt_deterministic.pt')
-    if not os.path.isfile(det) and cfg['train']:
-        os.makedirs(det_dir, exist_ok=True)
-        print(f"training the deterministic decoder on the frozen encoder of {ae_path} -> {det}", flush=True)
-        args = _overrides(ae['config'], ('out_dir', 'init_from', 'finetune', 'decoder_type', 'max_iters', 'device', 'init_ckpt'))
-        args += [f'--out_dir={det_dir}', f'--init_ckpt={ae_path}', '--finetune=True', "--decoder_type='deterministic'",
-                 f"--max_iters={cfg['ae_iters'] or ae['config']['max_iters']}", f"--device={cfg['device']!r}"]
-        _train('train_ae.py', args, os.path.join(cfg['out_dir'], 'det_decoder.log'))
-    out['det_decoder'] = det if os.path.isfile(det) else None
-    nc_dir = os.path.join(cfg['out_dir'], 'dyn_no_ctx_noise')
-    nc = os.path.join(nc_dir, 'ckpt.pt')
-    if not os.path.isfile(nc) and cfg['train']:
-        print(f"training the dynamics without context noise -> {nc}", flush=True)
-        args = _overrides(ck['config'], ('out_dir', 'init_from', 'ctx_noise', 'max_iters', 'device', 'ae_ckpt', 'data_dir'))
-        args += [f'--out_dir={nc_dir}', f"--ae_ckpt={ae_path!r}", f"--data_dir={ck['data']['data_dir']!r}", '--ctx_noise=False',
-                 f"--max_iters={cfg['dyn_iters'] or ck['config']['max_iters']}", f"--device={cfg['device']!r}"]
-        _train('train_dynamics.py', args, os.path.join(cfg['out_dir'], 'dyn_no_ctx_noise.log'))
-    out['no_ctx_noise'] = nc if os.path.isfile(nc) else None
+    if ae['config'].get('decoder_type') == 'deterministic':  # the stage-1 checkpoint it was fine-tuned from
+        cons = ae['config']['init_ckpt'] or os.path.join(os.path.dirname(ae_path), 'ckpt.pt')
+        out['decoder'] = cons if os.path.isfile(cons) else None
+    else:
+        det_dir = os.path.join(cfg['out_dir'], 'det_decoder')
+        det = os.path.join(det_dir, 'ckpt_deterministic.pt')
+        if not os.path.isfile(det) and cfg['train']:
+            os.makedirs(det_dir, exist_ok=True)
+            print(f"training the deterministic decoder on the frozen encoder of {ae_path} -> {det}", flush=True)
+            args = _overrides(ae['config'], ('out_dir', 'init_from', 'finetune', 'decoder_type', 'max_iters', 'device', 'init_ckpt'))
+            args += [f'--out_dir={det_dir}', f'--init_ckpt={ae_path}', '--finetune=True', "--decoder_type='deterministic'",
+                     f"--max_iters={cfg['ae_iters'] or ae['config']['max_iters']}", f"--device={cfg['device']!r}"]
+            _train('train_ae.py', args, os.path.join(cfg['out_dir'], 'det_decoder.log'))
+        out['decoder'] = det if os.path.isfile(det) else None
+    c = ck['config']
+    switches = [('no_ctx_noise', 'ctx_noise', False)]  # (variant, config key, value that switches it off)
+    if c.get('dyn_residual'):
+        switches.append(('no_residual', 'dyn_residual', False))
+    if c.get('own_ctx', 0) > 0:
+        switches.append(('no_own_ctx', 'own_ctx', 0.0))
+    for name, key, off in switches:
+        vdir = os.path.join(cfg['out_dir'], 'dyn_' + name)
+        path = os.path.join(vdir, 'ckpt.pt')
+        if not os.path.isfile(path) and cfg['train']:
+            print(f"training the dynamics with {key}={off} -> {path}", flush=True)
+            args = _overrides(c, ('out_dir', 'init_from', key, 'max_iters', 'device', 'ae_ckpt', 'data_dir'))
+            args += [f'--out_dir={vdir}', f"--ae_ckpt={ae_path!r}", f"--data_dir={ck['data']['data_dir']!r}", f'--{key}={off}',
+                     f"--max_iters={cfg['dyn_iters'] or c['max_iters']}", f"--device={cfg['device']!r}"]
+            _train('train_dynamics.py', args, os.path.join(cfg['out_dir'], f'dyn_{name}.log'))
+        out[name] = path if os.path.isfile(path) else None
     return out
 
 
@@ -92,13 +109,20 @@ def main(cfg):
     base = rollout.config_from_globals(vars(rollout), [])  # rollout.py's defaults
     base.update(ckpt=cfg['ckpt'], num_episodes=cfg['num_episodes'], horizon=cfg['horizon'], batch_size=cfg['batch_size'],
                 seed=cfg['seed'], device=cfg['device'], video_episodes=2)
-    rows = [('full model (ctx noise, level 15, K=3, window %d)' % W, {}),
-            ('1 decoder jump (K=1)', {'decode_steps': 1}),
-            ('context labelled clean at inference (level 0)', {'ctx_level': 0})]
+    det_full = load_checkpoint(ck['ae_ckpt'], expect_kind='ae')['config'].get('decoder_type') == 'deterministic'
+    rows = [('full model (window %d, context level 15, %s)' % (W, 'deterministic decoder' if det_full else 'K=3'), {})]
+    if not det_full:  # the deterministic decoder makes one pass whatever K is
+        rows.append(('1 decoder jump (K=1)', {'decode_steps': 1}))
+    rows.append(('context labelled clean at inference (level 0)', {'ctx_level': 0}))
     if extra['no_ctx_noise']:
         rows.append(('no context noise in training (level 0)', {'ckpt': extra['no_ctx_noise'], 'ctx_level': 0}))
-    if extra['det_decoder']:
-        rows.append(('deterministic MSE decoder (same encoder)', {'ae_ckpt': extra['det_decoder']}))
+    if extra.get('no_residual'):
+        rows.append(('latent predicted, not its change (dyn_residual off)', {'ckpt': extra['no_residual']}))
+    if extra.get('no_own_ctx'):
+        rows.append(('no training on own rollouts (own_ctx 0)', {'ckpt': extra['no_own_ctx']}))
+    if extra['decoder']:
+        rows.append(('consistency decoder (same encoder; the paper)' if det_full else 'deterministic MSE decoder (same encoder)',
+                     {'ae_ckpt': extra['decoder']}))
     rows += [(f'rollout window {w}', {'window': w}) for w in cfg['windows'] if w < W]
     results = []
     for i, (name, change) in enumerate(rows):

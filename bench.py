@@ -20,6 +20,18 @@ the colour drift of the frame vs the first frame, how often the agent and the T 
 detectable (metrics.pusht_detectable on every detect_every-th frame), how T-shaped the block still is
 (metrics.block_shape_iou: IoU with a T drawn at its estimated pose), and FPS. Writes OUT/stability.json
 and OUT/stability.png (the first frame, then the last frame of every report row).
+
+diagnose (Push-T): where is the T block's error born? Three tables, written to OUT/diagnose.json:
+  untouched  gym-pusht start states with the agent clear of the T and commanded to hold still, so the
+             true T never moves: how T-shaped (metrics.block_shape_iou) and where (centroid drift, px) the
+             block is in the truth, in decode(encode(truth)) and in the model's rollout, at a few steps;
+  open loop  held-out episodes with the recorded actions, per block of 32 steps: block IoU of the
+             decoder alone (decode(encode(truth))) and of the rollout, and the rollout's latent MSE
+             against the encoded truth (copy-first-latent beside it): dynamics vs decoder;
+  contact    from the real history (window-1 real frames) at every contact_every-th step, contact_len
+             steps predicted with the recorded actions; where the true T moved (> 1 px or > 3 deg), the
+             error of the predicted change of the T's centroid (px) and angle (deg), against
+             predicting no change: is the T pushed the right way and turned by the right angle?
 """
 import ast
 import contextlib
@@ -35,7 +47,7 @@ import model as M
 from common import config_from_globals, pick_device, save_grid
 
 # ---------------------------------------------------------------------------- defaults
-mode = 'speed'  # 'speed' or 'stability'
+mode = 'speed'  # 'speed', 'stability' or 'diagnose'
 ckpt = ''  # dynamics checkpoint; '' = random-init models of the `recipes` sizes
 ae_ckpt = ''  # '' = the autoencoder the dynamics checkpoint names
 out_dir = 'out/bench'
@@ -58,6 +70,11 @@ detect_every = 5  # stability: segment every k-th frame (segmentation costs ~12 
 act_smooth, act_sigma, act_pull = 0.9, 0.004, 0.002  # stability: the damped random walk (fractions of the range)
 stop_on_nan = True  # stability: end after the report row in which a latent went non-finite
 inject_nan_step = -1  # test hook: poison the context window with NaN at this step (-1: never)
+num_states = 8  # diagnose: gym-pusht start states for the untouched-T test
+num_episodes = 8  # diagnose: held-out episodes
+horizon = 192  # diagnose: steps of the untouched-T test and of the open-loop rollouts
+contact_every = 32  # diagnose: the short teacher-forced predictions start every this many steps
+contact_len = 8  # diagnose: ... and run this many steps
 # ------------------------------------------------------------------------------------
 RECIPE_FILES = {'cpu': ('config/ae_pusht_cpu.py', 'config/dyn_pusht_cpu.py', 64),
                 'gpu': ('config/ae_pusht_gpu.py', 'config/dyn_pusht_gpu.py', 128)}
@@ -380,6 +397,109 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _block(frames):
+    """T-block pose (B, 3) (x px, y px, angle rad; NaN when not found) and shape IoU (B,) of uint8 frames."""
+    seg = Mx.segment_pusht(frames)
+    return Mx.block_pose(seg['block'], Mx.min_pixels(frames.shape[1], 'block'), seg['agent']), Mx.block_shape_iou(frames)
+
+
+def _wrap_deg(a):
+    return np.degrees(np.abs((a + np.pi) % (2 * np.pi) - np.pi))
+
+
+@torch.no_grad()
+def bench_diagnose(cfg):
+    import data as D
+    import rollout
+    import sim_tools
+    dev = pick_device(cfg['device'])
+    torch.manual_seed(cfg['seed'])
+    dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
+    sim = make_sim(dyn, enc, dec, ck, dev, cfg)
+    S, H, out = ck['data']['image_size'], cfg['horizon'], {}
+
+    def recon(frames):  # decode(encode(frames)) with the simulator's decoder and jumps
+        z = enc(M.frames_to_tensor(frames, dev))
+        return M.tensor_to_frames(M.decode(dec, z, sim.ksteps, sim.abar, S, sim.gen)), z
+
+    # 1. the untouched T: the truth is the first frame for every step
+    states = sim_tools.sample_states(cfg['num_states'], cfg['seed'])
+    first = sim_tools.RealSim(states, S).first  # (N, S, S, 3)
+    hold = states[:, :2].astype(np.float32)  # the command = where the agent is: it stays
+    sim.reset(first)
+    z_true = enc(M.frames_to_tensor(first, dev))
+    pose_t, shape_t = _block(first)
+    steps = sorted({1, 10, 50, 100, H})
+    rec, _ = recon(first)
+    pose_r, shape_r = _block(rec)
+    rows = [{'what': 'truth', 'step': 0, 'shape_iou': float(shape_t.mean()), 'drift_px': 0.0},
+            {'what': 'decode(encode)', 'step': 0, 'shape_iou': float(shape_r.mean()),
+             'drift_px': float(np.nanmean(np.linalg.norm(pose_r[:, :2] - pose_t[:, :2], axis=1)))}]
+    for k in range(1, H + 1):
+        fr = sim.step(hold)
+        if k in steps:
+            pose_m, shape_m = _block(fr)
+            rows.append({'what': 'rollout', 'step': k, 'shape_iou': float(shape_m.mean()),
+                         'drift_px': float(np.nanmean(np.linalg.norm(pose_m[:, :2] - pose_t[:, :2], axis=1))),
+                         'block_iou': float(Mx.pusht_physics(fr, first)['block_iou'].mean()),
+                         'latent_mse': float(((sim.ctx[:, -1] - z_true) ** 2).mean())})
+    out['untouched'] = rows
+
+    # 2. open loop on held-out episodes: decoder alone vs the rollout, per block of 32 steps
+    ds = D.load_dataset(ck['data']['data_dir'])
+    ranges = D.episode_ranges(ds['episode_ends'])
+    eps = [i for i in ck['data']['val_ids'] if ranges[i][1] - ranges[i][0] > H][:cfg['num_episodes']]
+    true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
+    acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
+    E = len(eps)
+    sim.reset(true[:, 0])
+    pred, zp = [], []
+    for k in range(H):
+        pred.append(sim.step(acts[:, k]))
+        zp.append(sim.ctx[:, -1])
+    pred, zp = np.stack(pred, 1), torch.stack(zp, 1)  # (E, H, S, S, 3), (E, H, C, h, w)
+    tgt = true[:, 1:].reshape(E * H, S, S, 3)
+    rec, zt = recon(tgt)
+    zt = zt.reshape(zp.shape)  # (E, H, C, h, w)
+    iou_r = Mx.pusht_physics(rec, tgt)['block_iou'].reshape(E, H)
+    iou_m = Mx.pusht_physics(pred.reshape(E * H, S, S, 3), tgt)['block_iou'].reshape(E, H)
+    lat_m = ((zp - zt) ** 2).mean((2, 3, 4)).cpu().numpy()  # (E, H)
+    lat_c = ((zt[:, :1] - zt) ** 2).mean((2, 3, 4)).cpu().numpy()
+    out['open_loop'] = [{'steps': [b + 1, min(b + 32, H)], 'block_iou_decoder': float(iou_r[:, b:b + 32].mean()),
+                         'block_iou_rollout': float(iou_m[:, b:b + 32].mean()), 'latent_mse_rollout': float(lat_m[:, b:b + 32].mean()),
+                         'latent_mse_copy': float(lat_c[:, b:b + 32].mean())} for b in range(0, H, 32)]
+
+    # 3. contact: short predictions from the real history, scored on the T's change where it really moved
+    W, L, err = sim.W, cfg['contact_len'], []
+    for k0 in range(W - 1, H - L + 1, cfg['contact_every']):
+        sim.reset(true[:, k0 - W + 2:k0 + 1], acts[:, k0 - W + 2:k0])  # frames k0-W+2..k0, the actions between
+        fr = [sim.step(acts[:, k0 + j]) for j in range(L)][-1]  # the prediction of frame k0 + L
+        p0, _ = _block(true[:, k0])
+        p1, _ = _block(true[:, k0 + L])
+        pm, _ = _block(fr)
+        for i in range(E):
+            dt, dth = p1[i, :2] - p0[i, :2], _wrap_deg(p1[i, 2] - p0[i, 2])
+            if np.isnan(dt).any() or np.isnan(pm[i, 0]) or (np.linalg.norm(dt) <= 1 and dth <= 3):
+                continue
+            err.append([np.linalg.norm(pm[i, :2] - p1[i, :2]), np.linalg.norm(dt), _wrap_deg(pm[i, 2] - p1[i, 2]), dth])
+    err = np.array(err).reshape(-1, 4)
+    out['contact'] = {'cases': len(err), 'steps_ahead': L, 'centroid_err_px': float(np.mean(err[:, 0])) if len(err) else None,
+                      'centroid_err_px_no_change': float(np.mean(err[:, 1])) if len(err) else None,
+                      'angle_err_deg': float(np.mean(err[:, 2])) if len(err) else None,
+                      'angle_err_deg_no_change': float(np.mean(err[:, 3])) if len(err) else None}
+    out.update({'ckpt': os.path.abspath(cfg['ckpt']), 'decoder': os.path.abspath(cfg['ae_ckpt'] or ck['ae_ckpt']),
+                'episodes': [int(i) for i in eps], 'date_utc': time.strftime('%Y-%m-%d %H:%M', time.gmtime())})
+    os.makedirs(cfg['out_dir'], exist_ok=True)
+    with open(os.path.join(cfg['out_dir'], 'diagnose.json'), 'w') as f:
+        json.dump(out, f, indent=1)
+    for r in out['untouched']:
+        print('untouched', ' '.join(f"{a}={_fmt(b)}" for a, b in r.items()))
+    for r in out['open_loop']:
+        print('open loop', ' '.join(f"{a}={_fmt(b)}" for a, b in r.items()))
+    print('contact', ' '.join(f"{a}={_fmt(b)}" for a, b in out['contact'].items()))
+    return out
+
+
 def main(cfg):
     if cfg['threads'] > 0:
         torch.set_num_threads(cfg['threads'])
@@ -387,7 +507,9 @@ def main(cfg):
         return bench_speed(cfg)
     if cfg['mode'] == 'stability':
         return bench_stability(cfg)
-    raise SystemExit(f"mode must be 'speed' or 'stability', got {cfg['mode']!r}")
+    if cfg['mode'] == 'diagnose':
+        return bench_diagnose(cfg)
+    raise SystemExit(f"mode must be 'speed', 'stability' or 'diagnose', got {cfg['mode']!r}")
 
 
 if __name__ == '__main__':

@@ -16,6 +16,7 @@ so G(x, t, t) = x and G(x, t, 0) = x0_hat. Every network takes both t and s.
 """
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -61,6 +62,8 @@ def jump(x_t, x0_hat, t, s):
 
 def frames_to_tensor(frames_u8, device='cpu'):
     """uint8 frames (B, H, W, 3) -> float (B, 3, H, W) in [-1, 1], the range every network sees."""
+    if isinstance(frames_u8, np.ndarray) and not frames_u8.flags.writeable:
+        frames_u8 = frames_u8.copy()  # a slice of a read-only memmap: torch.as_tensor warns on those
     x = torch.as_tensor(frames_u8).to(device)
     return x.permute(0, 3, 1, 2).float() / 127.5 - 1
 
@@ -323,8 +326,15 @@ class Dynamics(nn.Module):
     causal temporal attention. Convs are per frame (kernel (1,k,k)) and GroupNorm is per frame too, so
     nothing but the causal temporal attention mixes frames."""
 
-    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=False):
+    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=False,
+                 residual=False):
         super().__init__()
+        # residual (off by default; the Push-T CPU recipe turns it on): the new frame's consistency chain
+        # runs on the change of the latent since the previous frame, z_new = z_prev + x0_hat, instead of on
+        # the latent itself. With the zero-initialised output conv the untrained net copies the last frame,
+        # and whatever nothing touches (the background, an untouched T) has target 0: it cannot drift.
+        # Not in the paper (it predicts the latent); measured in the README's lever table.
+        self.residual = residual
         # action_map (off by default; the Push-T CPU recipe turns it on): when the first two action
         # dimensions are a point in the image (Push-T: the agent's target, (x, y) = (column, row)), the
         # frame's action is also drawn as a Gaussian spot on the latent grid and given to the input conv,
@@ -410,44 +420,53 @@ def dynamics_levels(B, T, ctx_level, device, generator=None):
     return t, s
 
 
-def dynamics_predict(dyn, x, t, s, a, abar):
-    """G(x_t, t, s) for the last frame of the window, re-normalised to unit channel norm."""
-    B, T = t.shape
+def dynamics_predict(dyn, x, t, s, a, abar, prev=None):
+    """G(x_t, t, s) for the last frame of the window; a finished latent (s = 0) is re-normalised to unit
+    channel norm. prev (B, C, h, w), given for a residual model: the chain runs on the change since that
+    latent, so a finished latent is unit_norm(prev + G) and an unfinished state stays a change."""
     v = dyn(x, t, s, a)[:, -1]  # (B, C, h, w)
-    x0 = x0_from_v(x[:, -1], t[:, -1], v, abar)
-    out = jump(x[:, -1], x0, t[:, -1], s[:, -1])
-    return torch.where(_bc(s[:, -1] == 0, out), unit_norm(out), out)  # re-normalise only a finished latent
+    out = jump(x[:, -1], x0_from_v(x[:, -1], t[:, -1], v, abar), t[:, -1], s[:, -1])
+    done = unit_norm(out if prev is None else prev + out)
+    return torch.where(_bc(s[:, -1] == 0, out), done, out)  # re-normalise only a finished latent
 
 
-def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True):
+def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None):
     """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A+1):
     context frames really noised at U{1..99} (or left clean when ctx_noise is off), the new frame from
     pure noise (t = 999 -> s = 0), uniform MSE against the true latent.
     all_frames=False: the paper's layout, the last frame is the only new one (one prediction per window).
     all_frames=True: every frame after the first is a new frame in the same pass (Dynamics.forward with
     queries), each seeing exactly the context a plain window would give it: T-1 predictions per window
-    for (2T-2)/T times the compute. Same model, same inference; more training signal per FLOP."""
+    for (2T-2)/T times the compute. Same model, same inference; more training signal per FLOP.
+    residual: predict the change since the previous context latent (before its training noise: at
+    inference the context is not noised, only labelled), as Dynamics(residual=True).
+    ctx (B, T, C, h, w): the context frames to show the net instead of z (the model's own rollout, see
+    own_context); the targets stay the true latents z."""
     B, T = z.shape[:2]
+    ctx = z if ctx is None else ctx
     if not all_frames:
         t, s = dynamics_levels(B, T, None, z.device)
         if not ctx_noise:
             t[:, :-1], s[:, :-1] = 0, 0
         eps = torch.randn_like(z)
-        x = add_noise(z.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
-        pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar)  # (B, C, h, w)
+        x = add_noise(ctx.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
+        pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar, ctx[:, -2] if residual else None)  # (B, C, h, w)
         return ((pred - z[:, -1]) ** 2).mean()
     n = T - 1
     tc = torch.randint(1, 100, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
     t = torch.cat([tc, torch.full_like(tc, T_STEPS - 1)], 1)  # (B, 2n): context levels, then the new frames'
     s = torch.cat([tc, torch.zeros_like(tc)], 1)
-    zz = torch.cat([z[:, :n], z[:, 1:]], 1)  # (B, 2n, C, h, w): context z_0..z_{n-1}, targets z_1..z_n
+    zz = torch.cat([ctx[:, :n], z[:, 1:]], 1)  # (B, 2n, C, h, w): context z_0..z_{n-1}, targets z_1..z_n
     eps = torch.randn_like(zz)
     x = add_noise(zz.reshape(B * 2 * n, *z.shape[2:]), t.reshape(-1), eps.reshape(B * 2 * n, *z.shape[2:]), abar)
     x = x.reshape(zz.shape)  # (B, 2n, C, h, w)
     v = dyn(x, t, s, torch.cat([a[:, :n], a[:, 1:]], 1), queries=True)[:, n:]  # (B, n, C, h, w)
     xq = x[:, n:].reshape(B * n, *z.shape[2:])  # (B*n, C, h, w)
     tq, sq = t[:, n:].reshape(-1), s[:, n:].reshape(-1)
-    pred = unit_norm(jump(xq, x0_from_v(xq, tq, v.reshape(xq.shape), abar), tq, sq))  # s = 0: x0_hat
+    pred = jump(xq, x0_from_v(xq, tq, v.reshape(xq.shape), abar), tq, sq)  # s = 0: x0_hat, (B*n, C, h, w)
+    if residual:  # the change since the previous context latent before its noise (as at inference)
+        pred = ctx[:, :n].reshape(B * n, *z.shape[2:]) + pred
+    pred = unit_norm(pred)
     return ((pred - z[:, 1:].reshape(B * n, *z.shape[2:])) ** 2).mean()
 
 
@@ -462,8 +481,22 @@ def predict_next(dyn, ctx, a, abar, ctx_level=15, steps=1, generator=None):
     for t_, s_ in zip(path[:-1], path[1:]):
         t, s = dynamics_levels(B, Tc + 1, ctx_level, ctx.device)
         t[:, -1], s[:, -1] = t_, s_
-        x_new = dynamics_predict(dyn, torch.cat([ctx, x_new[:, None]], 1), t, s, a, abar)
+        x_new = dynamics_predict(dyn, torch.cat([ctx, x_new[:, None]], 1), t, s, a, abar,
+                                 ctx[:, -1] if dyn.residual else None)
     return x_new
+
+
+@torch.no_grad()
+def own_context(dyn, z, a, abar, ctx_level=15):
+    """Training on the model's own rollouts (truncated, no gradient through the rollout): the window
+    z (B, T, C, h, w) with frames 1..T-2 replaced by the model's open-loop predictions from frame 0 and
+    the window's actions a (B, T, A+1), so the context a training target sees carries the errors
+    inference makes. Frames that no action produced (copies of an episode's first frame) stay real."""
+    out = z.clone()
+    for j in range(1, z.shape[1] - 1):
+        pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level)  # (B, C, h, w)
+        out[:, j] = torch.where(_bc(a[:, j, -1] > 0, pred), pred, out[:, j])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

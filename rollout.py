@@ -70,7 +70,7 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     c = ck['config']
     enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
     dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
-                     c['dyn_spatial_attn'], c.get('dyn_action_map', False))
+                     c['dyn_spatial_attn'], c.get('dyn_action_map', False), c.get('dyn_residual', False))
     dyn.load_state_dict(ck['model'])
     return dyn.to(dev).eval(), enc, dec, ck
 

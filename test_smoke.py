@@ -161,6 +161,55 @@ def test_query_layout_equals_plain_windows():
         dyn.zero_grad()
 
 
+def test_residual_dynamics_predicts_the_change_from_the_clean_previous_latent():
+    """dyn_residual: an untrained residual net (zero output conv) copies the last context latent, in a
+    rollout and in the loss; the loss's 'previous latent' is z_j before its training noise, so with the
+    net at zero it is exactly the copy-previous error whatever noise the context gets."""
+    torch.manual_seed(0)
+    dyn = M.Dynamics(4, 16, 1, 2, 32, 2, residual=True)
+    B, T = 3, 5
+    z = M.unit_norm(torch.randn(B, T, 4, 8, 8), 2)
+    a = M.action_input(torch.randn(B, T, 2), 1)
+    # (up to sqrt(abar_999) ~ 5e-4 of the input noise that eq. (2) lets through at t = 999)
+    assert torch.allclose(M.predict_next(dyn, z[:, :-1], a, ABAR), z[:, -2], atol=5e-3)
+    copy_err = ((z[:, :-1] - z[:, 1:]) ** 2).mean()
+    for all_frames in (True, False):
+        for ctx_noise in (True, False):
+            loss = M.dynamics_loss(dyn, z, a, ABAR, ctx_noise, all_frames, residual=True)
+            want = copy_err if all_frames else ((z[:, -2] - z[:, -1]) ** 2).mean()
+            assert torch.allclose(loss, want, rtol=1e-2), (all_frames, ctx_noise)
+    # the plain (non-residual) net at zero predicts no latent in particular: far from the copy
+    plain = M.Dynamics(4, 16, 1, 2, 32, 2)
+    assert not torch.allclose(M.predict_next(plain, z[:, :-1], a, ABAR), z[:, -2], atol=1e-2)
+    # given a context, the residual loss measures the change from that context's previous latent
+    ctx = M.unit_norm(torch.randn(B, T, 4, 8, 8), 2)
+    loss = M.dynamics_loss(dyn, z, a, ABAR, True, True, residual=True, ctx=ctx)
+    assert torch.allclose(loss, ((ctx[:, :-1] - z[:, 1:]) ** 2).mean(), rtol=1e-2)
+
+
+def test_own_context_is_the_models_open_loop_rollout():
+    """own_ctx: frames 1..T-2 of the window become the model's own predictions from frame 0 with the
+    window's actions, one step at a time; frames no action produced and the last frame stay real."""
+    torch.manual_seed(0)
+    _, _, dyn = _tiny_nets()
+    _randomize(dyn)
+    B, T = 2, 5
+    z = M.unit_norm(torch.randn(B, T, 4, 8, 8), 2)
+    a = M.action_input(torch.randn(B, T, 2), 1)
+    a[1, :2] = M.action_input(torch.zeros(2, 2), 0)  # window 1 starts at an episode start: frame 1 is a copy
+    z[1, 1] = z[1, 0]
+    torch.manual_seed(1)  # the same noise for the new frames in both rollouts
+    own = M.own_context(dyn, z, a, ABAR)
+    assert torch.equal(own[:, 0], z[:, 0]) and torch.equal(own[:, -1], z[:, -1]) and torch.equal(own[1, 1], z[1, 1])
+    ref = z.clone()
+    torch.manual_seed(1)
+    for j in range(1, T - 1):  # the same rollout, written out
+        p = M.predict_next(dyn, ref[:, :j], a[:, :j + 1], ABAR, 15)
+        ref[:, j] = torch.where(a[:, j, -1, None, None, None] > 0, p, ref[:, j])
+    assert torch.allclose(own, ref, atol=1e-6)
+    assert not torch.allclose(own[0, 1:-1], z[0, 1:-1], atol=1e-2)  # it really replaced them
+
+
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch():
     torch.manual_seed(0)
     enc, dec, dyn = _tiny_nets()

@@ -49,6 +49,8 @@ dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the
 dyn_action_map = False  # the action's first two dims are an image point: also draw it as an input map (model.Dynamics)
 all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
+dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics; not in the paper)
+own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context; not in the paper)
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
 grad_accum = 1  # micro-batches per rank per optimizer step
@@ -126,7 +128,7 @@ def latent_rollout(dyn, z_true, a_norm, abar, W, level, steps, gen=None):
     return torch.stack(preds, 1)
 
 
-ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn', 'dyn_action_map')
+ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spatial_attn', 'dyn_action_map', 'dyn_residual')
 
 
 def main():
@@ -185,7 +187,8 @@ def main():
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     if dyn_action_map and A < 2:
         raise SystemExit(f"dyn_action_map=True needs actions whose first two dims are an image point; {data_dir!r} has {A}-d actions")
-    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn, dyn_action_map).to(dev)
+    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn, dyn_action_map,
+                     dyn_residual).to(dev)
     abar = M.sigmoid_alpha_bar().to(dev)
     opt = torch.optim.AdamW(dyn.parameters(), lr=lr, weight_decay=weight_decay)
     it, best, last_val = 0, float('inf'), None
@@ -251,9 +254,16 @@ def main():
             pick = np_rng.integers(0, len(tgt), batch_size)
             fidx, act = make_windows(tgt[pick], tgt_start[pick], window, A, a_norm)
             z = z_all[fidx].to(dev)  # (B, W, C, h, w)
+            act = act.to(dev)
+            ctx = z
+            if own_ctx > 0:  # some windows see the model's own rollout as context (no gradient through it)
+                own = torch.from_numpy(np_rng.random(batch_size) < own_ctx).to(dev)  # (B,)
+                if own.any():
+                    ctx = z.clone()
+                    ctx[own] = M.own_context(dyn, z[own], act[own], abar, ctx_level)
             # DDP reduces gradients only on the last micro-step; forward and backward both inside
             with ddp_sync([dyn_run], micro == grad_accum - 1):
-                loss = M.dynamics_loss(dyn_run, z, act.to(dev), abar, ctx_noise, all_frames)
+                loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
                 # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
