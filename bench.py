@@ -464,7 +464,8 @@ def bench_diagnose(cfg):
     iou_r = Mx.pusht_physics(rec, tgt)['block_iou'].reshape(E, H)
     iou_m = Mx.pusht_physics(pred.reshape(E * H, S, S, 3), tgt)['block_iou'].reshape(E, H)
     lat_m = ((zp - zt) ** 2).mean((2, 3, 4)).cpu().numpy()  # (E, H)
-    lat_c = ((zt[:, :1] - zt) ** 2).mean((2, 3, 4)).cpu().numpy()
+    z0 = enc(M.frames_to_tensor(true[:, 0], dev))  # (E, C, h, w): the copy baseline holds the first frame
+    lat_c = ((z0[:, None] - zt) ** 2).mean((2, 3, 4)).cpu().numpy()
     out['open_loop'] = [{'steps': [b + 1, min(b + 32, H)], 'block_iou_decoder': float(iou_r[:, b:b + 32].mean()),
                          'block_iou_rollout': float(iou_m[:, b:b + 32].mean()), 'latent_mse_rollout': float(lat_m[:, b:b + 32].mean()),
                          'latent_mse_copy': float(lat_c[:, b:b + 32].mean())} for b in range(0, H, 32)]

@@ -1349,6 +1349,46 @@ def test_sim_estimator_and_scores(tmp_path):
     assert sim_tools.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
 
 
+def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, monkeypatch):
+    """bench.py --mode=diagnose with a simulator that holds the last real frame it was given: the untouched T
+    is then exactly the truth (IoU 1, no drift, latent error 0), the open-loop rollout equals the
+    copy-first-frame baseline, and the contact errors equal predicting no change. Any step misalignment
+    between prediction and truth (or a baseline taken from the wrong frame) breaks these equalities."""
+    d, ckpt = _sim_tiny(tmp_path)
+    dyn, enc, dec, ck = rollout.load_world_model(ckpt, 'cpu')
+
+    class HoldSim:  # the Simulator's interface, predicting "nothing moves"
+        W, ksteps, abar, gen = 3, 1, ABAR, torch.Generator().manual_seed(0)
+
+        def reset(self, frames, actions=None):
+            f = np.asarray(frames)
+            self.last = f[:, -1] if f.ndim == 5 else f
+            self.ctx = enc(M.frames_to_tensor(self.last))[:, None]  # (N, 1, C, h, w)
+            return self.last
+
+        def step(self, a):
+            return self.last.copy()
+    monkeypatch.setattr(bench, 'make_sim', lambda *a, **k: HoldSim())
+    old = torch.get_num_threads()
+    try:
+        out = bench.main(_bench_cfg(tmp_path, '--mode=diagnose', f'--ckpt={ckpt}', '--num_states=2', '--num_episodes=1',
+                                    '--horizon=8', '--contact_every=1', '--contact_len=3'))
+    finally:
+        torch.set_num_threads(old)
+    truth = out['untouched'][0]
+    for r in out['untouched'][2:]:
+        assert r['what'] == 'rollout' and r['block_iou'] == 1 and r['drift_px'] == 0 and r['latent_mse'] == 0
+        assert r['shape_iou'] == pytest.approx(truth['shape_iou'])
+    assert [r['step'] for r in out['untouched'][2:]] == [1, 8]
+    for r in out['open_loop']:
+        assert r['latent_mse_rollout'] == pytest.approx(r['latent_mse_copy'], abs=1e-9)
+    c = out['contact']
+    if c['cases']:
+        assert c['centroid_err_px'] == pytest.approx(c['centroid_err_px_no_change'])
+        assert c['angle_err_deg'] == pytest.approx(c['angle_err_deg_no_change'], abs=1e-6)
+    assert json.load(open(tmp_path / 'diagnose.json'))['open_loop'][0]['steps'] == [1, 8]
+
+
 def test_sim_policy_eval_demos_and_training(tmp_path):
     """policy_eval writes JSON/CSV/PNG for every policy; demos recorded inside the model load through data.py,
     concatenate with real data and train stage 2."""
