@@ -178,6 +178,10 @@ def test_residual_dynamics_predicts_the_change_from_the_clean_previous_latent():
             loss = M.dynamics_loss(dyn, z, a, ABAR, ctx_noise, all_frames, residual=True)
             want = copy_err if all_frames else ((z[:, -2] - z[:, -1]) ** 2).mean()
             assert torch.allclose(loss, want, rtol=1e-2), (all_frames, ctx_noise)
+    # a window where nothing moves: the residual target is exactly 0 however noisy the context the net sees
+    still = z[:, :1].repeat(1, T, 1, 1, 1)
+    for all_frames in (True, False):
+        assert M.dynamics_loss(dyn, still, a, ABAR, True, all_frames, residual=True) < 1e-5
     # the plain (non-residual) net at zero predicts no latent in particular: far from the copy
     plain = M.Dynamics(4, 16, 1, 2, 32, 2)
     assert not torch.allclose(M.predict_next(plain, z[:, :-1], a, ABAR), z[:, -2], atol=1e-2)
