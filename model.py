@@ -329,11 +329,12 @@ class Dynamics(nn.Module):
     def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=False,
                  residual=False):
         super().__init__()
-        # residual (off by default; the Push-T CPU recipe turns it on): the new frame's consistency chain
-        # runs on the change of the latent since the previous frame, z_new = z_prev + x0_hat, instead of on
-        # the latent itself. With the zero-initialised output conv the untrained net copies the last frame,
-        # and whatever nothing touches (the background, an untouched T) has target 0: it cannot drift.
-        # Not in the paper (it predicts the latent); measured in the README's lever table.
+        # residual (off by default and in every recipe): the new frame's consistency chain runs on the
+        # change of the latent since the previous frame, z_new = z_prev + x0_hat, instead of on the latent
+        # itself. With the zero-initialised output conv the untrained net copies the last frame, and what
+        # nothing touches (the background, an untouched T) has target 0. Not in the paper. Measured on
+        # Push-T (README, lever table): an untouched T stays intact for ~10 steps, then small wrong changes
+        # pile up with nothing pulling them back; worse than predicting the latent over 192 steps.
         self.residual = residual
         # action_map (off by default; the Push-T CPU recipe turns it on): when the first two action
         # dimensions are a point in the image (Push-T: the agent's target, (x, y) = (column, row)), the
@@ -491,7 +492,9 @@ def own_context(dyn, z, a, abar, ctx_level=15):
     """Training on the model's own rollouts (truncated, no gradient through the rollout): the window
     z (B, T, C, h, w) with frames 1..T-2 replaced by the model's open-loop predictions from frame 0 and
     the window's actions a (B, T, A+1), so the context a training target sees carries the errors
-    inference makes. Frames that no action produced (copies of an episode's first frame) stay real."""
+    inference makes. Frames that no action produced (copies of an episode's first frame) stay real.
+    Not in the paper; train_dynamics' own_ctx (off in every recipe: on Push-T it did not pay at equal
+    wall-clock, README lever table) is the fraction of windows trained this way."""
     out = z.clone()
     for j in range(1, z.shape[1] - 1):
         pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level)  # (B, C, h, w)

@@ -49,8 +49,9 @@ dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the
 dyn_action_map = False  # the action's first two dims are an image point: also draw it as an input map (model.Dynamics)
 all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
-dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics; not in the paper)
-own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context; not in the paper)
+# two options that target the T block's drift (not in the paper; measured on Push-T, neither paid: README lever table)
+dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics)
+own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context), ~+30% per iter at 0.5
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
 grad_accum = 1  # micro-batches per rank per optimizer step
