@@ -3,7 +3,7 @@ The few helpers every script shares: config override, device choice, checkpoint 
 
 Config override, in the nanoGPT manner (no framework):
 
-    python train_ae.py config/pusht_cpu.py --batch_size=32 --lr=1e-3
+    python train_ae.py config/ae_pusht_cpu.py --batch_size=32 --lr=1e-3
 
 A config file is plain Python that reassigns some of the defaults. A --key=value
 sets one default; the value is parsed as a Python literal when it can be and must

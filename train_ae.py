@@ -2,7 +2,7 @@
 Stage 1: train the encoder and the consistency decoder together, end to end, through the decoder's
 loss only (Wang et al. 2026, arXiv 2603.08546, sec. on the autoencoder).
 
-    python train_ae.py config/pusht_cpu.py --data_dir=data/pusht64 --out_dir=out/ae --max_iters=3000
+    python train_ae.py config/ae_pusht_cpu.py --data_dir=data/pusht64 --out_dir=out/ae --max_iters=3000
 
 --finetune=True runs the optional decoder fine-tune on an existing checkpoint (out_dir/ckpt.pt or
 --init_ckpt=): encoder frozen, t = 999, s from the interior points of the sampling schedule, small
