@@ -164,7 +164,8 @@ def main(cfg):
         raise SystemExit(f"no held-out episode is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
     print(f"rolling out {len(eps)} held-out episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, "
-          f"dynamics steps {cfg['dyn_steps']}, decoder steps {cfg['decode_steps']}, seed {cfg['seed']}")
+          f"dynamics steps {cfg['dyn_steps']}, decoder "
+          f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}")
 
     sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['dyn_steps'], cfg['decode_steps'], cfg['seed'])
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
