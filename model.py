@@ -320,7 +320,8 @@ class Dynamics(nn.Module):
 
     Input latents (B, T, C, h, w) at per-frame noise levels (t, s) (B, T), with per-frame action
     inputs (B, T, A+1) where the action attached to frame j is the one that produced it, a_{j-1}
-    (see action_input; the extra bit says whether an action produced the frame at all). Output v for every frame: inference uses the last one, training (queries) every new one.
+    (see action_input; the extra bit says whether an action produced the frame at all). Output v for
+    every frame: inference uses the last one, training (queries) every new one.
     input conv (1,5,5) -> temporal attention -> down blocks -> mid -> up blocks (skips, same resolution)
     -> output conv. Each block: ResBlock with FiLM(noise level) then FiLM(action), spatial attention,
     causal temporal attention. Convs are per frame (kernel (1,k,k)) and GroupNorm is per frame too, so
@@ -474,8 +475,9 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
 @torch.no_grad()
 def predict_next(dyn, ctx, a, abar, ctx_level=15, steps=1, generator=None):
     """The sliding-window step: ctx (B, T-1, C, h, w) clean context latents, a (B, T, A+1) the action
-    inputs (action_input) attached to the T frames. The context is labelled with the small level ctx_level; a fresh noise
-    latent is appended and jumped 999 -> 0 in `steps` jumps. Returns the new latent (B, C, h, w)."""
+    inputs (action_input) attached to the T frames. The context is labelled with the small level
+    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 in `steps` jumps (for a residual
+    model the chain runs on the change since the last context latent). Returns the new latent (B, C, h, w)."""
     B, Tc = ctx.shape[:2]
     x_new = torch.randn(ctx[:, 0].shape, generator=generator, device='cpu').to(ctx.device)
     path = sample_schedule(steps)
