@@ -368,6 +368,30 @@ def test_end_to_end_pipeline(tmp_path):
     assert det['config']['decoder_type'] == 'deterministic' and det['iter'] == 2
     assert det['encoder_fingerprint'] == common.load_checkpoint(f'{ae}/ckpt.pt')['encoder_fingerprint']  # frozen
     assert not common.load_checkpoint(f'{ab}/dyn_no_ctx_noise/ckpt.pt')['config']['ctx_noise']
+    # the Push-T CPU recipe's shape: dynamics on the deterministic decoder, here with both stage-2 switches on;
+    # the ablation then scores the stage-1 consistency decoder instead, has no K=1 row, and retrains one
+    # variant per switch with only that switch off
+    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=2', '--eval_interval=2', '--val_frac=0.34',
+              '--finetune=True', '--decoder_type=deterministic'] + TINY_AE, ROOT)
+    assert r.returncode == 0, r.stderr
+    dyn2, ab2 = str(tmp_path / 'dyn2'), str(tmp_path / 'ablation2')
+    r = _run(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}/ckpt_deterministic.pt', f'--out_dir={dyn2}',
+              '--max_iters=2', '--eval_interval=2', '--val_frac=0.34', '--dyn_residual=True', '--own_ctx=0.5'] + TINY_DYN, ROOT)
+    assert r.returncode == 0, r.stderr
+    r = _run(['ablate.py', f'--ckpt={dyn2}/ckpt.pt', f'--out_dir={ab2}', '--num_episodes=1', '--horizon=3',
+              '--dyn_iters=2', '--windows=()'], ROOT)
+    assert r.returncode == 0, r.stderr + r.stdout[-2000:]
+    rows = json.load(open(f'{ab2}/ablation.json'))['rows']
+    names = [x['row'] for x in rows]
+    assert not any('K=1' in n for n in names) and any('consistency decoder' in n for n in names), names
+    cons = [x for x in rows if 'consistency decoder' in x['row']][0]
+    assert os.path.samefile(cons['change']['ae_ckpt'], f'{ae}/ckpt.pt')
+    for variant, key, off in (('no_residual', 'dyn_residual', False), ('no_own_ctx', 'own_ctx', 0.0)):
+        c = common.load_checkpoint(f'{ab2}/dyn_{variant}/ckpt.pt')['config']
+        assert c[key] == off and c['ctx_noise'], variant
+        other = 'own_ctx' if key == 'dyn_residual' else 'dyn_residual'
+        assert c[other] == common.load_checkpoint(f'{dyn2}/ckpt.pt')['config'][other]  # only that switch is off
+    assert len(rows) == 7, names  # full, level 0, no ctx noise, no residual, no own ctx, consistency decoder, copy
     # a different autoencoder (another stage-1 run) is refused by name
     r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={tmp_path}/ae2', '--max_iters=1', '--eval_interval=1',
               '--val_frac=0.34', '--seed=5'] + TINY_AE, ROOT)
