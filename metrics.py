@@ -1,11 +1,12 @@
 """
-Frame metrics for the Push-T world model: pixel (MSE, PSNR, SSIM, UIQI), perceptual
-(LPIPS-Alex) and physics read off the pixels (agent position, block mask IoU).
+Frame and video metrics, for any dataset: pixel (MSE, PSNR, SSIM, UIQI), perceptual (LPIPS-Alex),
+distribution (FID, FVD), and the per-step curves rollout.py draws. (What a task reads off its own
+pixels, such as Push-T's agent and T block, lives in the task's module: pusht.py.)
 
 Conventions
 - Image tensors are float (B, 3, H, W) in [0, 1]; every metric uses data range 1 and
-  returns a per-image tensor (B,). Average over the batch yourself.
-- Physics functions take uint8 numpy frames (B, H, W, 3), as rendered by gym-pusht.
+  returns a per-image tensor (B,). Average over the batch yourself (PSNR: see psnr).
+- FID / FVD take uint8 numpy frames (B, H, W, 3) / videos (B, T, H, W, 3).
 
 Importing this module has no side effects: lpips is imported inside load_lpips, and
 nothing here imports gym or pygame.
@@ -26,8 +27,16 @@ def mse(x, y):
 
 
 def psnr(x, y):
-    """PSNR in dB for data range 1: 10 log10(1 / mse), mse clamped at 1e-10 (so x == y gives 100 dB)."""
+    """PSNR in dB for data range 1 per image (B,): 10 log10(1 / mse), mse clamped at 1e-10 (x == y gives
+    100 dB). To report a set of frames, average their MSE first (psnr_from_mse): a mean of capped
+    per-frame values favours whatever predicts some frames exactly (a copy baseline on still frames)."""
     return 10.0 * torch.log10(1.0 / mse(x, y).clamp_min(1e-10))
+
+
+def psnr_from_mse(m):
+    """PSNR in dB for data range 1 of a mean MSE (a number or a numpy array): 10 log10(1 / m); inf at 0."""
+    with np.errstate(divide='ignore'):
+        return 10.0 * np.log10(1.0 / np.asarray(m, np.float64))
 
 
 def _gaussian_window(size=11, sigma=1.5):
@@ -154,302 +163,9 @@ def lpips_distance(model, x, y):
 
 
 # -----------------------------------------------------------------------------
-# Push-T physics from pixels
-#
-# How gym-pusht draws a frame (envs/pusht.py, pymunk_override.py), onto a 512x512 surface:
-#   white background -> goal T in LightGreen -> pymunk debug_draw: walls (LightGray fat
-#   segments), block (T polygons filled 1.2x LightSlateGray, outlined in LightSlateGray 4 px
-#   lines), agent (RoyalBlue disc r=15 with a 1.2x lighter disc r=11 inside).
-#   Measured: the agent ends up on top of the block where they overlap, so it stays visible.
-#   No y flip (positive_y_is_up = False): pixel row = sim y. Then cv2.resize(INTER_LINEAR)
-#   down to the observation size, which blends neighbouring pixels at edges.
-# Colours as measured in rendered uint8 frames:
-PUSHT_COLOURS = {
-    "background": [(255, 255, 255), (144, 238, 144), (211, 211, 211)],  # white, goal, walls
-    "block": [(143, 163, 184), (119, 136, 153)],  # fill (1.2 x LightSlateGray), outline
-    "agent": [(65, 105, 225), (78, 126, 255)],  # RoyalBlue rim, lighter centre
-}
-COLOUR_TOLERANCE = 40.0  # max RGB distance (0..255 units) from the nearest mixing segment
-
-
-def _palette():
-    cols, labels = [], []
-    for k, name in enumerate(["background", "block", "agent"]):
-        for c in PUSHT_COLOURS[name]:
-            cols.append(c)
-            labels.append(k)
-    return np.array(cols, np.float32), np.array(labels)
-
-
-def segment_pusht(frames):
-    """Boolean masks {"agent", "block"} (B, H, W) from uint8 frames (B, H, W, 3).
-
-    Rule: nearest reference colour, extended to antialiased blends. Every pixel is explained
-    as a mix p ~ t a + (1 - t) b of two reference colours a, b (pure colours are t = 1); the
-    pair whose mixing segment is nearest in RGB wins and the pixel goes to the class of the
-    dominant colour (a if t >= 0.5). Pixels farther than COLOUR_TOLERANCE from every segment
-    are left out (as are background, goal and walls). Why segments, not points: a 75 % agent /
-    25 % white edge pixel (113, 143, 233) is about as close to the block fill as to RoyalBlue,
-    so plain nearest-colour would paint a ring of "block" around the agent.
-    """
-    frames = np.asarray(frames)
-    assert frames.ndim == 4 and frames.shape[-1] == 3, frames.shape
-    cols, labels = _palette()
-    ia, ib = np.triu_indices(len(cols))  # all pairs, incl. (a, a) = the pure colour
-    a, b = cols[ia], cols[ib]
-    d = a - b  # (P, 3)
-    dd = (d ** 2).sum(1)
-    cls = np.zeros(frames.shape[:3], np.int64)
-    for i in range(len(frames)):  # one frame at a time keeps the (pixels, pairs, 3) temp small
-        p = frames[i].reshape(-1, 3).astype(np.float32)
-        # t = clamp(<p - b, a - b> / |a - b|^2, 0, 1); distance |p - (b + t (a - b))|
-        t = ((p[:, None, :] - b[None]) * d[None]).sum(-1) / np.maximum(dd, 1e-6)[None]
-        t = np.where(dd[None] > 0, np.clip(t, 0, 1), 1.0)
-        dist = np.linalg.norm(p[:, None, :] - (b[None] + t[..., None] * d[None]), axis=-1)
-        best = dist.argmin(1)
-        rows = np.arange(len(p))
-        c = np.where(t[rows, best] >= 0.5, labels[ia][best], labels[ib][best])
-        c = np.where(dist[rows, best] <= COLOUR_TOLERANCE, c, 0)
-        cls[i] = c.reshape(frames.shape[1:3])
-    return {"agent": cls == 2, "block": cls == 1}
-
-
-def _centroids(m):
-    # mean (x, y) of the True pixels of each mask (B, H, W), pixel centres at (c + 0.5, r + 0.5)
-    B, H, W = m.shape
-    out = np.full((B, 2), np.nan)
-    ys, xs = np.mgrid[0:H, 0:W]
-    for i in range(B):
-        if m[i].any():
-            out[i] = xs[m[i]].mean() + 0.5, ys[m[i]].mean() + 0.5
-    return out
-
-
-def agent_position(frames):
-    """Agent centroid (B, 2) as (x, y) in frame pixels, NaN where no agent pixel is found.
-
-    Pixel (row r, col c) covers [c, c+1) x [r, r+1), so its centre is (c + 0.5, r + 0.5);
-    with this convention a sim position maps to pixels by p = sim * S / 512 (no y flip).
-    """
-    return _centroids(segment_pusht(frames)["agent"])
-
-
-def mask_iou(a, b):
-    """IoU per image (B,) of boolean masks (B, H, W): |a & b| / |a | b|, := 1.0 when both are empty."""
-    a = np.asarray(a, bool).reshape(len(a), -1)
-    b = np.asarray(b, bool).reshape(len(b), -1)
-    inter = (a & b).sum(1)
-    union = (a | b).sum(1)
-    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
-
-
-PHYSICS_KEYS = ('agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px', 'block_angle_err_deg',
-                'coverage_err', 'coverage_pred', 'coverage_true')  # what pusht_physics returns
-
-
-def pusht_physics(pred_frames, true_frames):
-    """Per-frame physics errors between predicted and true uint8 frames (B, H, W, 3), all (B,), never NaN.
-
-    Segmentation rule (segment_pusht): every pixel is explained as a blend of two reference colours
-    of the renderer and goes to the class of the dominant one (agent RoyalBlue, block
-    LightSlateGray; background, goal LightGreen and walls are nothing); pixels far from every blend
-    are nothing too. The block counts as found with >= min_pixels(S, 'block') pixels (a quarter of
-    the T's area at that scale), the agent with >= 1 pixel (as before).
-
-    "agent_err_px": Euclidean distance of the agent centroids in frame pixels. When the agent
-      is found in one frame but not the other (e.g. the model lost it, or drew it where the
-      truth has it hidden under the block), the error is the image diagonal sqrt(H^2 + W^2);
-      when it is missing in both, 0.
-    "block_iou": IoU of the block masks.
-    "agent_iou": IoU of the agent masks (1 when both are empty).
-    "block_centroid_err_px": distance of the T-block mask centroids (block_pose); diagonal when the
-      block is found in one frame only, 0 when in neither.
-    "block_angle_err_deg": |angle difference| wrapped to [0, 180] of the block orientations
-      (block_pose: second moments, third-moment flip, template refinement that skips agent pixels);
-      180 when found in one frame only, 0 in neither.
-    "coverage_pred", "coverage_true": |block & goal| / |goal| (goal_coverage; the goal T at sim pose
-      (256, 256, pi/4), computed geometrically; goal pixels hidden by the frame's agent mask are left
-      out of both counts), "coverage_err": |coverage_pred - coverage_true|.
-    """
-    H, W = np.asarray(true_frames).shape[1:3]
-    diag = float(np.hypot(H, W))
-    seg_p, seg_t = segment_pusht(pred_frames), segment_pusht(true_frames)
-    pos_p, pos_t = _centroids(seg_p["agent"]), _centroids(seg_t["agent"])
-    miss_p, miss_t = np.isnan(pos_p[:, 0]), np.isnan(pos_t[:, 0])
-    err = np.linalg.norm(pos_p - pos_t, axis=1)
-    err = np.where(miss_p != miss_t, diag, err)
-    err = np.where(miss_p & miss_t, 0.0, err)
-
-    mp = min_pixels(H, 'block')
-    bp, bt = block_pose(seg_p["block"], mp, seg_p["agent"]), block_pose(seg_t["block"], mp, seg_t["agent"])
-    bmiss_p, bmiss_t = np.isnan(bp[:, 0]), np.isnan(bt[:, 0])
-    one, none = bmiss_p != bmiss_t, bmiss_p & bmiss_t
-    cerr = np.linalg.norm(bp[:, :2] - bt[:, :2], axis=1)
-    cerr = np.where(one, diag, np.where(none, 0.0, cerr))
-    dang = np.abs((bp[:, 2] - bt[:, 2] + np.pi) % (2 * np.pi) - np.pi)  # wrap to [0, pi]
-    aerr = np.where(one, 180.0, np.where(none, 0.0, np.degrees(dang)))
-    cov_p, cov_t = goal_coverage(seg_p["block"], seg_p["agent"]), goal_coverage(seg_t["block"], seg_t["agent"])
-    return {"agent_err_px": err, "block_iou": mask_iou(seg_p["block"], seg_t["block"]),
-            "agent_iou": mask_iou(seg_p["agent"], seg_t["agent"]),
-            "block_centroid_err_px": cerr, "block_angle_err_deg": aerr,
-            "coverage_pred": cov_p, "coverage_true": cov_t, "coverage_err": np.abs(cov_p - cov_t)}
-
-
-# -----------------------------------------------------------------------------
-# Push-T physics, completed: T-block pose, goal coverage, agent mask
-#
-# The T (gym-pusht PushTEnv.add_tee, scale 30, length 4), in the block's body frame (sim units):
-#   bar  x in [-60, 60], y in [0, 30]     (area 3600)
-#   stem x in [-15, 15], y in [30, 120]   (area 2700)
-# The body origin (what env.block.position and states.npy report) is the middle of the bar's
-# outer edge, NOT the centroid: the area centroid is at (0, (3600*15 + 2700*75)/6300) = (0, 40.71).
-# (pymunk's centre of gravity, (0, 45), is the mean of the two shapes' centroids: also not it.)
-# world = position + R(angle) local, R(a) = [[cos a, -sin a], [sin a, cos a]], no y flip; a pixel is
-# world * S / 512. The goal is the same T drawn at body pose (256, 256, pi/4), its origin there.
-TEE_RECTS = ((-60.0, 60.0, 0.0, 30.0), (-15.0, 15.0, 30.0, 120.0))  # (x0, x1, y0, y1) per rectangle
-TEE_CENTROID = (0.0, (3600 * 15 + 2700 * 75) / 6300)  # (0, 40.714) in the body frame
-GOAL_POSE = (256.0, 256.0, np.pi / 4)
-SIM_SIZE = 512.0
-MIN_FRAC = 0.25  # a thing counts as "found" with at least this fraction of its expected pixel area
-TEE_AREA, AGENT_AREA = 6300.0, np.pi * 15 ** 2  # sim units^2 (agent: disc of radius 15)
-
-
-def tee_centroid(x, y, angle):
-    """World (sim) position of the T's area centroid from a body pose (origin x, y; angle in rad)."""
-    cx, cy = TEE_CENTROID
-    c, s = np.cos(angle), np.sin(angle)
-    return np.stack([x + c * cx - s * cy, y + s * cx + c * cy], -1)
-
-
-def tee_mask(size, x, y, angle, sub=4):
-    """Boolean (size, size) mask of the T at body pose (x, y, angle), sim units: a pixel is in when at
-    least half of its sub x sub sample points fall inside one of the two rectangles (area coverage)."""
-    o = (np.arange(size * sub) + 0.5) / sub * SIM_SIZE / size  # sample points, sim units
-    wx, wy = np.meshgrid(o, o)  # (size*sub, size*sub), rows = y
-    dx, dy = wx - x, wy - y
-    c, s = np.cos(angle), np.sin(angle)
-    lx, ly = c * dx + s * dy, -s * dx + c * dy  # local = R(-angle) (world - origin)
-    inside = np.zeros_like(lx, dtype=bool)
-    for x0, x1, y0, y1 in TEE_RECTS:
-        inside |= (lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1)
-    return inside.reshape(size, sub, size, sub).mean((1, 3)) >= 0.5
-
-
-_GOAL_CACHE = {}
-
-
-def goal_mask(size):
-    """The LightGreen goal T as a (size, size) mask, computed geometrically (the block hides the
-    green when it sits on it, so the goal cannot be read from the frame itself)."""
-    if size not in _GOAL_CACHE:
-        _GOAL_CACHE[size] = tee_mask(size, *GOAL_POSE)
-    return _GOAL_CACHE[size]
-
-
-def _tee_fraction(cx, cy, angles, xs, ys, scale, sub=4):
-    """Fraction of each pixel (centres xs, ys: (P,) frame pixels) covered by the T whose area centroid
-    is at (cx, cy) frame pixels, for each body angle in angles (K,) -> (K, P). scale = S / 512."""
-    o = (np.arange(sub) + 0.5) / sub - 0.5  # sub-pixel sample offsets
-    sx = (xs[:, None, None] + o[None, :, None]) / scale  # (P, sub, 1) sim units
-    sy = (ys[:, None, None] + o[None, None, :]) / scale  # (P, 1, sub)
-    c, s = np.cos(angles)[:, None, None, None], np.sin(angles)[:, None, None, None]
-    dx, dy = sx[None] - cx / scale, sy[None] - cy / scale
-    lx = c * dx + s * dy + TEE_CENTROID[0]  # local = R(-a) (world - centroid) + centroid_local
-    ly = -s * dx + c * dy + TEE_CENTROID[1]
-    inside = np.zeros(lx.shape[:1] + (len(xs), sub, sub), bool)
-    for x0, x1, y0, y1 in TEE_RECTS:
-        inside |= (lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1)
-    return inside.reshape(len(angles), len(xs), -1).mean(-1)
-
-
-def block_pose(mask, min_px=1, ignore=None):
-    """T-block pose (B, 3) = (centroid x, centroid y in frame pixels, body angle in rad in [-pi, pi))
-    from block masks (B, H, W); NaN rows where the mask has fewer than min_px pixels.
-
-    Centroid: mean pixel centre of the mask pixels within the T's reach (82 sim units + 1.5 px) of
-    the mask's median, then of their mean (so stray pixels elsewhere in a predicted frame are ignored).
-    Angle, in two stages:
-    1. moments: the T's symmetry axis is the major principal axis of the mask's second moments
-       (variances 1214 vs 718 sim units^2 along / across it), phi = atan2(2 mu11, mu20 - mu02) / 2;
-       the flip phi vs phi + pi is resolved by the third moment along the axis, positive toward the
-       stem (skewness +0.8: the heavy bar on one side, the long stem on the other). The stem points
-       along R(a) (0, 1) = (-sin a, cos a), so a = atan2(-d_x, d_y) for the stem direction d.
-    2. template match: at 64x64 the T is 15 px wide and pixelisation moves the moment axis by up
-       to ~8 degrees, so the angle is refined (+-12 deg in 1.5 deg steps around it and around its
-       flip, then +-1.5 in 0.25) by
-       minimising sum |template area fraction - mask| over the pixels near the T, with the T's
-       centroid held at the mask centroid. Pixels where ignore (B, H, W) is True (the agent, which
-       is drawn on top of the block) are left out of the match."""
-    m = np.asarray(mask, bool)
-    B, H, W = m.shape
-    scale = W / SIM_SIZE
-    out = np.full((B, 3), np.nan)
-    ys, xs = np.mgrid[0:H, 0:W] + 0.5
-    r = 82 * scale + 1.5  # the T reaches 79.3 sim units from its centroid (stem tip)
-    for i in range(B):
-        if m[i].sum() < max(min_px, 1):
-            continue
-        px, py = xs[m[i]], ys[m[i]]
-        # stray pixels (decoder noise that happens to be slate-grey) would pull the moments: keep only
-        # pixels within the T's reach of the median, then of the mean of those
-        cx, cy = np.median(px), np.median(py)
-        for reach in (r + 15 * scale, r):
-            keep = (px - cx) ** 2 + (py - cy) ** 2 <= reach ** 2
-            px, py = px[keep], py[keep]
-            cx, cy = px.mean(), py.mean()
-        if len(px) < max(min_px, 1):
-            continue
-        dx, dy = px - cx, py - cy
-        mu20, mu02, mu11 = (dx * dx).mean(), (dy * dy).mean(), (dx * dy).mean()
-        phi = 0.5 * np.arctan2(2 * mu11, mu20 - mu02)  # major axis direction
-        d = np.array([np.cos(phi), np.sin(phi)])
-        if ((dx * d[0] + dy * d[1]) ** 3).mean() < 0:  # point d toward the stem
-            d = -d
-        a = np.arctan2(-d[0], d[1])
-        near = (np.abs(xs - cx) <= r) & (np.abs(ys - cy) <= r)
-        if ignore is not None:
-            near &= ~np.asarray(ignore[i], bool)
-        wx, wy, target = xs[near], ys[near], m[i][near].astype(np.float64)
-        for span, step, sub in ((np.radians(12), np.radians(1.5), 2), (np.radians(1.5), np.radians(0.25), 4)):
-            cand = a + np.arange(-span, span + 1e-9, step)
-            if span > np.radians(2):  # the coarse stage also tries the flipped T, in case the third moment misled
-                cand = np.concatenate([cand, cand + np.pi])
-            cost = np.abs(_tee_fraction(cx, cy, cand, wx, wy, scale, sub) - target[None]).sum(1)
-            a = cand[cost.argmin()]
-        out[i] = cx, cy, (a + np.pi) % (2 * np.pi) - np.pi
-    return out
-
-
-def goal_coverage(block_masks, agent_masks=None):
-    """|block & goal| / |goal| per frame (B,), in pixels; the goal mask is geometric (goal_mask). With
-    agent_masks, both counts skip the goal pixels the agent hides (it is drawn on top of the block):
-    the convention of sim_tools.coverage, so the two agree."""
-    m = np.asarray(block_masks, bool)
-    g = np.broadcast_to(goal_mask(m.shape[1])[None], m.shape)
-    if agent_masks is not None:
-        g = g & ~np.asarray(agent_masks, bool)
-    return (m & g).reshape(len(m), -1).sum(1) / np.maximum(g.reshape(len(m), -1).sum(1), 1)
-
-
-def min_pixels(size, what):
-    """The pixel count above which the agent / block counts as found in a size x size frame:
-    MIN_FRAC of its area at that scale (64x64: agent 11 px -> 2, block 98 px -> 24)."""
-    area = {'agent': AGENT_AREA, 'block': TEE_AREA}[what] * (size / SIM_SIZE) ** 2
-    return max(1, int(MIN_FRAC * area))
-
-
-def pusht_detectable(frames):
-    """Booleans {'agent', 'block'} (B,): is the thing found in the frame (segment_pusht mask with at
-    least min_pixels pixels)? For stability checks of long rollouts."""
-    seg = segment_pusht(frames)
-    S = seg['block'].shape[1]
-    return {k: seg[k].reshape(len(seg[k]), -1).sum(1) >= min_pixels(S, k) for k in ('agent', 'block')}
-
-
-# -----------------------------------------------------------------------------
 # horizon curves: CSV + a PNG drawn with PIL
 
-CURVE_PANELS = ('psnr', 'ssim', 'agent_err_px', 'block_iou')
+CURVE_PANELS = ('psnr', 'ssim')  # a task adds its own (pusht.py: agent error, block IoU)
 CURVE_PREFIX = {'model': 'model', 'copy_baseline': 'copy'}  # CSV column prefix per series
 CURVE_COLOURS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189)]
 
@@ -730,23 +446,4 @@ def fid_fvd(pred_videos, true_videos, fid_weights=None, fvd_weights=None, clip_l
         net, msg = None, f"unavailable: fewer than 2 clips of {clip_len} frames"
     out['fvd'] = None if net is None else frechet_from_features(i3d_features(net, cp), i3d_features(net, ct))
     out['fvd_status'], out['fvd_clips'] = msg, int(len(cp))
-    return out
-
-
-def block_shape_iou(frames):
-    """How T-shaped the block still is, per frame (B,): IoU of the block mask with the T drawn at the
-    mask's own pose (block_pose); 0 where no block is found. A long rollout can keep a block that is
-    detectable but has melted into a blob: this catches that (rendered frames score ~0.85)."""
-    seg = segment_pusht(frames)
-    m = seg['block']
-    S = m.shape[1]
-    pose = block_pose(m, min_pixels(S, 'block'), seg['agent'])
-    out = np.zeros(len(m))
-    for i, (cx, cy, a) in enumerate(pose):
-        if np.isnan(cx):
-            continue
-        # body origin = centroid - R(a) (0, 40.71), in sim units
-        ox, oy = cx * SIM_SIZE / S + np.sin(a) * TEE_CENTROID[1], cy * SIM_SIZE / S - np.cos(a) * TEE_CENTROID[1]
-        t = tee_mask(S, ox, oy, a) & ~seg['agent'][i]
-        out[i] = mask_iou(t[None], (m[i] & ~seg['agent'][i])[None])[0]
     return out

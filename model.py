@@ -315,6 +315,25 @@ def decode(dec, z, K, abar, image_size, generator=None):
 # stage 2: latent dynamics
 
 
+def point_map(dims, stats, low, high, image_size, latent_size):
+    """The action map's coordinates: for the two action dims (x, y) that are a point in the image, the
+    affine map from the normalised action (data.normalize_actions with the training stats) to the latent
+    grid's coordinates, in which the latent pixel centres run from -1 to 1 (Dynamics' coordinate
+    channels). low, high: where the action range lies on the image (meta.json's action_low/high span
+    the frame edge to edge); a pixel-space coordinate u in [0, S] has its latent cell centre at
+    u h / S - 1/2 (h = latent_size). Returns plain data for the checkpoint: {'dims', 'scale', 'offset'}."""
+    h = latent_size
+    scale, offset = [], []
+    for d in dims:
+        lo_s, hi_s, lo_m, hi_m = stats['low'][d], stats['high'][d], low[d], high[d]
+        r = (hi_s - lo_s) / 2 / (hi_m - lo_m)  # normalised action -> fraction of the image: u/S = r a + c
+        c = ((hi_s + lo_s) / 2 - lo_m) / (hi_m - lo_m)
+        k = 2 * h / max(h - 1, 1)  # fraction of the image -> grid: g = k u/S - 1/(h-1) - 1
+        scale.append(k * r)
+        offset.append(k * c - 1 / max(h - 1, 1) - 1)
+    return {'dims': [int(d) for d in dims], 'scale': scale, 'offset': offset}
+
+
 class Dynamics(nn.Module):
     """Latent dynamics consistency model over a window of T frames.
 
@@ -327,7 +346,7 @@ class Dynamics(nn.Module):
     causal temporal attention. Convs are per frame (kernel (1,k,k)) and GroupNorm is per frame too, so
     nothing but the causal temporal attention mixes frames."""
 
-    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=False,
+    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=None,
                  residual=False):
         super().__init__()
         # residual (off by default and in every recipe): the new frame's consistency chain runs on the
@@ -337,11 +356,13 @@ class Dynamics(nn.Module):
         # Push-T (README, lever table): an untouched T stays intact for ~10 steps, then small wrong changes
         # pile up with nothing pulling them back; worse than predicting the latent over 192 steps.
         self.residual = residual
-        # action_map (off by default; the Push-T CPU recipe turns it on): when the first two action
-        # dimensions are a point in the image (Push-T: the agent's target, (x, y) = (column, row)), the
-        # frame's action is also drawn as a Gaussian spot on the latent grid and given to the input conv,
-        # so "the agent goes where the spot is" is a local rule the convs learn in a few hundred steps,
-        # not a map from two numbers to a place that FiLM must discover. Not in the paper.
+        # action_map (None by default; the Push-T CPU recipe turns it on): when two action dimensions are a
+        # point in the image (Push-T: the agent's target, (x, y) = (column, row)), the frame's action is
+        # also drawn as a Gaussian spot on the latent grid and given to the input conv, so "the agent goes
+        # where the spot is" is a local rule the convs learn in a few hundred steps, not a map from two
+        # numbers to a place that FiLM must discover. Not in the paper. A dict from point_map(): which
+        # dims, and the affine map from normalised action to grid coordinates (the data's metadata says
+        # where the action range lies on the image, the training statistics how it was normalised).
         self.action_map = action_map
         self.emb = LevelEmbedding(emb_dim)
         self.act = nn.Sequential(nn.Linear(action_dim + 1, emb_dim),  # + the 'has action' bit (action_input)
@@ -351,7 +372,7 @@ class Dynamics(nn.Module):
         #   with it one conv away the net need not first learn to copy it through attention;
         # - coordinates: convs are translation-equivariant, but an action like a Push-T target is a
         #   place in the image, so every latent pixel is told where it is.
-        self.conv_in = nn.Conv2d(2 * latent_ch + 2 + int(action_map), ch, 5, padding=2)
+        self.conv_in = nn.Conv2d(2 * latent_ch + 2 + int(action_map is not None), ch, 5, padding=2)
         self.attn_in = TemporalAttention(ch, heads)
 
         def block(cin, sa):  # spatial_attn 'all' or 'mid' (the cheaper CPU choice: 256 tokens cost)
@@ -389,9 +410,12 @@ class Dynamics(nn.Module):
         else:
             prev = torch.cat([x[:, :1], x[:, :-1]], 1)  # (B, T, C, H, W): frame j-1 (frame 0 for frame 0)
         h = [x.reshape(B * T, C, H, W), prev.reshape(B * T, C, H, W), coords]
-        if self.action_map:  # a spot of std one latent pixel at the action's (x, y); none where no action
+        if self.action_map is not None:  # a spot of std one latent pixel at the action's (x, y); none where no action
             a2 = a.reshape(B * T, -1)  # (B*T, A+1): normalised action in [-1, 1], then the 'has action' bit
-            d2 = (coords[:, 0] - a2[:, 0, None, None]) ** 2 + (coords[:, 1] - a2[:, 1, None, None]) ** 2  # (B*T, H, W)
+            m = self.action_map
+            gx = a2[:, m['dims'][0], None, None] * m['scale'][0] + m['offset'][0]  # (B*T, 1, 1) grid x in [-1, 1]
+            gy = a2[:, m['dims'][1], None, None] * m['scale'][1] + m['offset'][1]
+            d2 = (coords[:, 0] - gx) ** 2 + (coords[:, 1] - gy) ** 2  # (B*T, H, W)
             sigma = 2.0 / max(W - 1, 1)
             h.append((torch.exp(-d2 / (2 * sigma ** 2)) * a2[:, -1, None, None])[:, None])  # (B*T, 1, H, W)
         h = torch.cat(h, 1)  # (B*T, 2C+2[+1], H, W)
@@ -473,20 +497,17 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
 
 
 @torch.no_grad()
-def predict_next(dyn, ctx, a, abar, ctx_level=15, steps=1, generator=None):
+def predict_next(dyn, ctx, a, abar, ctx_level=15, generator=None):
     """The sliding-window step: ctx (B, T-1, C, h, w) clean context latents, a (B, T, A+1) the action
     inputs (action_input) attached to the T frames. The context is labelled with the small level
-    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 in `steps` jumps (for a residual
-    model the chain runs on the change since the last context latent). Returns the new latent (B, C, h, w)."""
+    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 in one jump (for a residual model
+    the chain runs on the change since the last context latent). Returns the new latent (B, C, h, w).
+    One jump only: training draws the new frame's levels as (t, s) = (999, 0) and nothing else, so a
+    chain of several jumps would ask the net for (t, s) pairs it never saw."""
     B, Tc = ctx.shape[:2]
     x_new = torch.randn(ctx[:, 0].shape, generator=generator, device='cpu').to(ctx.device)
-    path = sample_schedule(steps)
-    for t_, s_ in zip(path[:-1], path[1:]):
-        t, s = dynamics_levels(B, Tc + 1, ctx_level, ctx.device)
-        t[:, -1], s[:, -1] = t_, s_
-        x_new = dynamics_predict(dyn, torch.cat([ctx, x_new[:, None]], 1), t, s, a, abar,
-                                 ctx[:, -1] if dyn.residual else None)
-    return x_new
+    t, s = dynamics_levels(B, Tc + 1, ctx_level, ctx.device)  # context at ctx_level, new frame 999 -> 0
+    return dynamics_predict(dyn, torch.cat([ctx, x_new[:, None]], 1), t, s, a, abar, ctx[:, -1] if dyn.residual else None)
 
 
 @torch.no_grad()
@@ -525,10 +546,10 @@ def init_window(z0, window, action_dim):
 
 
 @torch.no_grad()
-def window_step(dyn, ctx, act, a_norm, abar, ctx_level=15, steps=1, generator=None):
+def window_step(dyn, ctx, act, a_norm, abar, ctx_level=15, generator=None):
     """One live step: predict the frame that action a_norm (B, A) produces from the context, then
     slide the window (drop the oldest latent) so the cost per frame stays constant.
     Returns (new latent (B, C, h, w), new ctx, new act)."""
     a_new = action_input(a_norm, 1)[:, None]  # (B, 1, A+1)
-    z = predict_next(dyn, ctx, torch.cat([act, a_new], 1), abar, ctx_level, steps, generator)
+    z = predict_next(dyn, ctx, torch.cat([act, a_new], 1), abar, ctx_level, generator)
     return z, torch.cat([ctx[:, 1:], z[:, None]], 1), torch.cat([act[:, 1:], a_new], 1)

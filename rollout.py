@@ -1,20 +1,17 @@
 """
-Open-loop evaluation of the world model against recorded held-out episodes, and the world model used
-as a simulator (--mode=):
+Open-loop evaluation of the world model against recorded held-out episodes, and the world model as
+an environment (Simulator) for the tools built on it (play.py, pusht.py, bench.py):
 
-    python rollout.py --ckpt=out/dyn/ckpt.pt --num_episodes=8 --horizon=192 --out_dir=out/eval   # eval
-    python rollout.py --ckpt=out/dyn/ckpt.pt --mode=play --port=8765 --record_dir=out/play         # drive it live
-    python rollout.py --ckpt=out/dyn/ckpt.pt --mode=policy_eval --num_states=20 --steps=60 --out_dir=out/policy_eval
-    python rollout.py --ckpt=out/dyn/ckpt.pt --mode=record_demos --num_episodes=8 --steps=60 --record_dir=out/demos
-
-(The play server, policy_eval and record_demos live in sim_tools.py.)
+    python rollout.py --ckpt=out/dyn/ckpt.pt --num_episodes=8 --horizon=192 --out_dir=out/eval
 
 From the first frame of each held-out episode, the model predicts `horizon` frames from the recorded
 actions alone (the noisy-context sliding-window sampler: window-1 context latents labelled with a
 small noise level, the new latent jumped 999 -> 0, decoded in K jumps), and every predicted frame is
 compared with the recorded one. The copy-the-first-frame baseline is scored in the same run.
-Writes OUT/metrics.json, OUT/rollout.gif (truth | prediction | error) and prints a table.
-All image metrics are on [0, 1] images (data range 1).
+Writes OUT/metrics.json, OUT/curves.csv/.png, OUT/rollout.gif (truth | prediction | error) and prints
+a table. All image metrics are on [0, 1] images (data range 1). Nothing here knows what is in the
+frames: a task module adds its own per-frame scores through main(cfg, extra_score) (pusht.py does,
+for the agent and the T block read from pixels).
 """
 import json
 import os
@@ -37,7 +34,6 @@ num_episodes = 8
 horizon = 192
 window = 0  # 0 = the training window stored in the checkpoint
 ctx_level = 15  # noise level the context latents are labelled with
-dyn_steps = 1  # dynamics jumps per frame (999 -> 0)
 decode_steps = 3  # decoder jumps per frame
 batch_size = 8  # episodes rolled out in parallel
 seed = 0
@@ -47,21 +43,8 @@ fvd_weights = ''  # StyleGAN-V's i3d_torchscript.pt for FVD ('' = $WM_FVD_WEIGHT
 fps_steps = 20  # timed steps for the batch-1 FPS (after 3 warm-up steps)
 video_episodes = 4
 device = 'auto'
-mode = 'eval'  # eval | play | policy_eval | record_demos
-# play: a page at http://host:port/ that drives the model live
-host = '127.0.0.1'
-port = 8765  # 0 = any free port
-record_dir = 'out/play'  # play: one new dataset folder per recording in here; record_demos: the dataset folder written
-max_record_steps = 6000  # play: a recording stops (and is saved) after this many steps (10 min at 10 Hz)
-# policy_eval / record_demos (Push-T)
-num_states = 20  # policy_eval: start states, the same for every policy, in gym-pusht and in the model
-steps = 60  # policy_eval / record_demos: steps per episode
-policies = ''  # policy_eval: comma list of sim_tools.POLICIES; '' = the default six
-success_threshold = 0.9  # pixel goal coverage that counts as success (~0.87 of the env's own polygon coverage)
-demo_policy = 'push'  # record_demos: the scripted policy that stands in for a human
 # ------------------------------------------------------------------------------------
-METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips', 'agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px',
-           'block_angle_err_deg', 'coverage_err')
+METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips')
 
 
 def load_world_model(ckpt_path, dev, ae_path=''):
@@ -70,7 +53,7 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     c = ck['config']
     enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
     dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
-                     c['dyn_spatial_attn'], c.get('dyn_action_map', False), c.get('dyn_residual', False))
+                     c['dyn_spatial_attn'], ck['action_map'], c['dyn_residual'])
     dyn.load_state_dict(ck['model'])
     return dyn.to(dev).eval(), enc, dec, ck
 
@@ -85,10 +68,10 @@ class Simulator:
     step() is the noisy-context sliding-window sampler: constant cost per frame, for as long as
     actions keep coming. Actions are normalised with the training statistics in the checkpoint."""
 
-    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, dyn_steps=1, decode_steps=3, seed=0):
+    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0):
         self.dyn, self.enc, self.dec, self.stats = dyn, enc, dec, ck['data']['action_stats']
         self.W = window or ck['config']['window']
-        self.level, self.dsteps, self.ksteps = ctx_level, dyn_steps, decode_steps
+        self.level, self.ksteps = ctx_level, decode_steps
         self.dev = next(dyn.parameters()).device
         self.abar = M.sigmoid_alpha_bar().to(self.dev)
         self.A, self.S = ck['action_dim'], ck['data']['image_size']
@@ -121,20 +104,39 @@ class Simulator:
     @torch.no_grad()
     def step(self, action):
         z, self.ctx, self.act = M.window_step(self.dyn, self.ctx, self.act, self._norm(action), self.abar,
-                                              self.level, self.dsteps, self.gen)
+                                              self.level, self.gen)
         return M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))
 
 
-def score(pred_u8, true_u8, lp, pusht=True):
+def held_out_starts(ds, ck, n, rng):
+    """n real frames from the checkpoint's held-out episodes (random episode, random frame)."""
+    ranges = D.episode_ranges(ds['episode_ends'])
+    ids = [i for i in ck['data']['val_ids'] if i < len(ranges)] or list(range(len(ranges)))
+    pick = [ranges[ids[j]] for j in rng.integers(0, len(ids), n)]
+    return np.stack([np.asarray(ds['frames'][rng.integers(s, e)]) for s, e in pick])
+
+
+def score(pred_u8, true_u8, lp, extra=None):
     """Per-frame metrics of uint8 frames (N, S, S, 3) -> dict of (N,) numpy arrays (None: not measured).
-    The physics read from pixels only means something on Push-T frames."""
+    extra(pred_u8, true_u8) -> {name: (N,) array}: a task's own scores (pusht.physics), added as they are."""
     x = torch.from_numpy(pred_u8).permute(0, 3, 1, 2).float() / 255
     y = torch.from_numpy(true_u8).permute(0, 3, 1, 2).float() / 255
-    r = {'mse': Mx.mse(x, y).numpy(), 'psnr': Mx.psnr(x, y).numpy(), 'ssim': Mx.ssim(x, y).numpy(),
-         'uiqi': Mx.uiqi(x, y).numpy()}
+    r = {'mse': Mx.mse(x, y).numpy(), 'ssim': Mx.ssim(x, y).numpy(), 'uiqi': Mx.uiqi(x, y).numpy()}
     r['lpips'] = Mx.lpips_distance(lp, x, y).numpy() if lp is not None else None
-    r.update(Mx.pusht_physics(pred_u8, true_u8) if pusht else {k: None for k in METRICS[5:]})
+    r.update(extra(pred_u8, true_u8) if extra is not None else {})
     return r
+
+
+def summarise(r, E, H):
+    """Per-frame scores (E*H,) -> (means, per-step curves (H,)). PSNR is 10 log10(1 / MSE) of the MSE
+    averaged first (over all frames, or over the episodes at a step): a per-frame PSNR is infinite on
+    a frame predicted exactly, and averaging capped values (say 100 dB) would reward a baseline for
+    the frames it gets exactly right rather than for its error."""
+    mean = {k: (None if v is None else float(v.mean())) for k, v in r.items()}
+    curves = {k: (None if v is None else v.reshape(E, H).mean(0).round(6).tolist()) for k, v in r.items()}  # (E*H,) -> (E, H) -> (H,)
+    mean['psnr'] = float(Mx.psnr_from_mse(r['mse'].mean()))
+    curves['psnr'] = Mx.psnr_from_mse(r['mse'].reshape(E, H).mean(0)).round(4).tolist()
+    return mean, curves
 
 
 def write_video(path, true_u8, pred_u8, fps=10, scale=3):
@@ -147,7 +149,9 @@ def write_video(path, true_u8, pred_u8, fps=10, scale=3):
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
 
 
-def main(cfg):
+def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
+    """Open-loop evaluation (see the top of the file). extra_score / extra_keys: a task's per-frame
+    scores and their names (score()); panels: the metrics drawn in curves.png."""
     torch.manual_seed(cfg['seed'])
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
@@ -163,11 +167,10 @@ def main(cfg):
     if not val_ids:
         raise SystemExit(f"no held-out episode is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
-    print(f"rolling out {len(eps)} held-out episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, "
-          f"dynamics steps {cfg['dyn_steps']}, decoder "
+    print(f"rolling out {len(eps)} held-out episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, decoder "
           f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}")
 
-    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['dyn_steps'], cfg['decode_steps'], cfg['seed'])
+    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
     acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
     t0 = time.time()
@@ -181,14 +184,13 @@ def main(cfg):
     lp, lp_msg = Mx.load_lpips(cfg['lpips_dir'] or None)
     print(f"LPIPS: {'AlexNet weights loaded' if lp is not None else lp_msg}")
     E = len(eps)
-    pusht = 'pusht' in str(ds['meta'].get('source', '')).lower().replace('-', '').replace('_', '')
+    keys = METRICS + tuple(extra_keys)
     tgt = true[:, 1:].reshape(E * H, S, S, 3)  # (E*H, S, S, 3)
     copy = np.repeat(true[:, :1], H, axis=1).reshape(E * H, S, S, 3)  # the first frame, held
     res = {}
     for name, frames in (('model', pred.reshape(E * H, S, S, 3)), ('copy_baseline', copy)):
-        r = score(frames, tgt, lp, pusht)
-        res[name] = {k: (None if r[k] is None else float(r[k].mean())) for k in METRICS}
-        res[name]['curves'] = {k: (None if r[k] is None else r[k].reshape(E, H).mean(0).round(6).tolist()) for k in METRICS}
+        mean, curves = summarise(score(frames, tgt, lp, extra_score), E, H)
+        res[name] = {k: mean.get(k) for k in keys} | {'curves': {k: curves.get(k) for k in keys}}
 
     # live-loop speed: batch 1, dynamics + decoder, after warm-up
     sim.reset(true[:1, 0])
@@ -202,7 +204,7 @@ def main(cfg):
 
     out = {'model': res['model'], 'copy_baseline': res['copy_baseline'], 'fps': fps, 'horizon': H,
            'num_episodes': E, 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
-           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'dyn_steps', 'decode_steps', 'seed')} | {'window': W},
+           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W},
            'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev}
     out.update(Mx.fid_fvd(pred, true[:, 1:], cfg['fid_weights'] or None, cfg['fvd_weights'] or None, device=dev))
     print(f"FID: {out['fid_status'] if out['fid'] is None else round(out['fid'], 2)}; "
@@ -210,53 +212,16 @@ def main(cfg):
     os.makedirs(cfg['out_dir'], exist_ok=True)
     with open(os.path.join(cfg['out_dir'], 'metrics.json'), 'w') as f:
         json.dump(out, f, indent=1)
-    Mx.write_curves(cfg['out_dir'], {n: res[n]['curves'] for n in ('model', 'copy_baseline')})  # curves.csv/.png
+    Mx.write_curves(cfg['out_dir'], {n: res[n]['curves'] for n in ('model', 'copy_baseline')}, panels)  # curves.csv/.png
     write_video(os.path.join(cfg['out_dir'], 'rollout.gif'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
 
     print(f"\n{'metric':>14} {'model':>10} {'copy-first':>10}")
-    for k in METRICS:
+    for k in keys:
         a, b = res['model'][k], res['copy_baseline'][k]
         print(f"{k:>14} {'unavailable' if a is None else f'{a:10.4f}':>10} {'unavailable' if b is None else f'{b:10.4f}':>10}")
     print(f"{'fps (batch 1)':>14} {fps:10.2f}\nwrote {cfg['out_dir']}/metrics.json and rollout.gif")
     return out
 
 
-# ---------------------------------------------------------------------------- the simulator modes
-
-def play(cfg):
-    """Serve the play page (sim_tools.make_play_server) until Ctrl-C; a running recording is saved."""
-    torch.manual_seed(cfg['seed'])
-    dev = pick_device(cfg['device'])
-    dyn, enc, dec, ck = load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
-    ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
-    sim = Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['dyn_steps'], cfg['decode_steps'], cfg['seed'])
-    import sim_tools
-    srv = sim_tools.make_play_server(cfg, sim, ck, ds)
-    print(f"serving the world model at http://{cfg['host']}:{srv.server_address[1]}/ (Ctrl-C to stop); "
-          f"recordings go to {cfg['record_dir']}/play-*", flush=True)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if srv.play.rec is not None:  # do not lose a recording to Ctrl-C
-            srv.play.record(False)
-        srv.server_close()
-
-
-MODES = ('eval', 'play', 'policy_eval', 'record_demos')
-
-
-def run(cfg):
-    if cfg['mode'] not in MODES:
-        raise SystemExit(f"unknown mode {cfg['mode']!r}; modes: {', '.join(MODES)}")
-    if cfg['mode'] == 'eval':
-        return main(cfg)
-    if cfg['mode'] == 'play':
-        return play(cfg)
-    import sim_tools
-    return getattr(sim_tools, cfg['mode'])(cfg)
-
-
 if __name__ == '__main__':
-    run(config_from_globals(globals()))
+    main(config_from_globals(globals()))

@@ -46,7 +46,8 @@ dyn_depth = 2
 dyn_emb = 128
 dyn_heads = 4
 dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the middle one ('mid')
-dyn_action_map = False  # the action's first two dims are an image point: also draw it as an input map (model.Dynamics)
+dyn_action_map = False  # draw the action as a spot on the latent grid (model.Dynamics); only for data whose meta.json
+                        # declares image_point_dims (the action is a point in the image, as in Push-T)
 all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
 # two options that target the T block's drift (not in the paper; measured on Push-T, neither paid: README lever table)
@@ -118,13 +119,13 @@ def make_windows(ends_idx, starts, W, action_dim, actions_norm):
 
 
 @torch.no_grad()
-def latent_rollout(dyn, z_true, a_norm, abar, W, level, steps, gen=None):
+def latent_rollout(dyn, z_true, a_norm, abar, W, level, gen=None):
     """Open-loop from the first latent of each sequence with recorded actions.
     z_true (B, H+1, C, h, w), a_norm (B, H, A) -> predicted latents (B, H, C, h, w)."""
     ctx, act = M.init_window(z_true[:, 0], W, a_norm.shape[-1])
     preds = []
     for k in range(a_norm.shape[1]):
-        z, ctx, act = M.window_step(dyn, ctx, act, a_norm[:, k], abar, level, steps, gen)
+        z, ctx, act = M.window_step(dyn, ctx, act, a_norm[:, k], abar, level, gen)
         preds.append(z)
     return torch.stack(preds, 1)
 
@@ -145,7 +146,8 @@ def main():
     # room for the latest, the best and one being written; checked before any data is read. The size
     # hardly depends on the action dim, so a weightless (meta) model with 2 stands in for it.
     with torch.device('meta'):
-        probe = M.Dynamics(ae['config']['latent_ch'], dyn_ch, dyn_depth, 2, dyn_emb, dyn_heads, dyn_spatial_attn, dyn_action_map)
+        probe = M.Dynamics(ae['config']['latent_ch'], dyn_ch, dyn_depth, 2, dyn_emb, dyn_heads, dyn_spatial_attn,
+                           {'dims': [0, 1], 'scale': [1, 1], 'offset': [0, 0]} if dyn_action_map else None)
     est = checkpoint_bytes([probe])
     check_out_dir(out_dir, 3 * est, rank)
 
@@ -186,9 +188,16 @@ def main():
     tgt_start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in train_ids])
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    if dyn_action_map and A < 2:
-        raise SystemExit(f"dyn_action_map=True needs actions whose first two dims are an image point; {data_dir!r} has {A}-d actions")
-    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn, dyn_action_map,
+    amap = None
+    if dyn_action_map:  # whether an action is a point in the image is a fact about the data: meta.json says so
+        dims = ds['meta'].get('image_point_dims')
+        if not (isinstance(dims, list) and len(dims) == 2):
+            raise SystemExit(f"dyn_action_map=True draws the action as a point in the image, but {data_dir}/meta.json does "
+                             f"not declare which action dims are one (image_point_dims, e.g. [0, 1] for Push-T's (x, y) "
+                             f"target); its {A}-d actions are not drawn. Train with --dyn_action_map=False, or add "
+                             f"image_point_dims to meta.json if two action dims really are an (x, y) image position.")
+        amap = M.point_map(dims, stats, ds['meta']['action_low'], ds['meta']['action_high'], S, z_all.shape[-1])
+    dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn, amap,
                      dyn_residual).to(dev)
     abar = M.sigmoid_alpha_bar().to(dev)
     opt = torch.optim.AdamW(dyn.parameters(), lr=lr, weight_decay=weight_decay)
@@ -234,7 +243,7 @@ def main():
             'kind': 'dynamics', 'model': dyn.state_dict(), 'optimizer': opt.state_dict(), 'iter': it,
             'best_val': best, 'val_latent_mse': val, 'config': run_cfg,
             'ae_ckpt': os.path.abspath(ae_ckpt), 'encoder_fingerprint': fp,
-            'latent_shape': list(z_all.shape[1:]), 'action_dim': A,
+            'latent_shape': list(z_all.shape[1:]), 'action_dim': A, 'action_map': amap,
             'data': {'data_dir': os.path.abspath(data_dir), 'meta': ds['meta'], 'image_size': S,
                      'train_ids': train_ids, 'val_ids': val_ids, 'action_stats': stats},
             'rng': rng_states, 'world_size': world,  # rng: one dict of plain data per rank, for an exact resume
@@ -294,7 +303,7 @@ def main():
         if evaluated and master:
             dyn.eval()
             g = torch.Generator().manual_seed(0)
-            pred = latent_rollout(dyn, vz, va, abar, window, ctx_level, 1, g)
+            pred = latent_rollout(dyn, vz, va, abar, window, ctx_level, g)
             err = ((pred - vz[:, 1:]) ** 2).mean().item()
             copy = ((vz[:, :1] - vz[:, 1:]) ** 2).mean().item()
             improved, best, last_val = err < best, min(best, err), err

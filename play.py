@@ -1,0 +1,346 @@
+"""
+Drive the world model live from a browser, and record what you do as a dataset:
+
+    python play.py --ckpt=out/dyn/ckpt.pt --port=8765 --record_dir=out/play
+
+A page at http://127.0.0.1:8765/ shows the model's current frame. Where the data's meta.json declares
+the action a point in the image (image_point_dims, as pusht.py's collector writes it), the mouse
+pointer is the action; otherwise actions are typed in. Reset starts again from a random held-out
+real frame; Record writes every frame seen and action sent as a new dataset folder under record_dir
+(one per recording; a reset starts a new episode), in the format data.py reads, so it can be mixed
+into a training set (convert.py --format=concat). The server binds to 127.0.0.1 unless --host says
+otherwise; each request runs one model step under a lock (the noisy-context sliding-window sampler,
+constant cost per frame).
+"""
+import base64
+import io
+import json
+import math
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import numpy as np
+import torch
+
+import data as D
+import rollout
+from common import config_from_globals, pick_device
+
+# ---------------------------------------------------------------------------- defaults: rollout.py's and these
+host = '127.0.0.1'
+port = 8765  # 0 = any free port
+record_dir = 'out/play'  # one new dataset folder per recording in here
+max_record_steps = 6000  # a recording stops (and is saved) after this many steps (10 min at 10 Hz)
+# ------------------------------------------------------------------------------------
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>world model: play</title>
+<style>
+ body { font-family: sans-serif; margin: 16px; }
+ canvas { border: 1px solid #888; cursor: crosshair; width: 512px; height: 512px; }
+ button { margin: 8px 8px 0 0; font-size: 15px; }
+ #rec.on { background: #d33; color: white; }
+</style></head><body>
+<canvas id="view" width="512" height="512"></canvas>
+<div><button id="reset">reset (held-out frame)</button><button id="rec">record</button>
+<span id="fps">fps: -</span> &middot; <span id="status">starting</span></div>
+<p id="help"></p>
+<script>
+const info = __INFO__;  // filled in by the server: the action space and frame size
+const cv = document.getElementById('view'), ctx = cv.getContext('2d');
+const lo = info.action_low, hi = info.action_high, A = info.action_dim;
+const clamp = (v, a, b) => Math.min(Math.max(v, a), b);
+let action = lo.map((l, i) => (l + hi[i]) / 2);  // start in the middle of the action space
+let recording = false;
+window.sim = {frames: 0, last: null, error: null};  // read by the browser test
+document.getElementById('help').textContent = info.mouse
+  ? 'Move the mouse over the frame: the pointer is the target of the agent (action space ' + lo + ' .. ' + hi + ').'
+  : 'Arrow keys move the target in the first two action dimensions (' + A + '-d actions, the others held at the middle).';
+// the pointer over the frame is the target: pixel -> action space (Push-T: [0, 512]^2, y down like the frame)
+cv.addEventListener('mousemove', e => {
+  if (!info.mouse) return;
+  const r = cv.getBoundingClientRect();
+  action[0] = lo[0] + clamp((e.clientX - r.left) / r.width, 0, 1) * (hi[0] - lo[0]);
+  action[1] = lo[1] + clamp((e.clientY - r.top) / r.height, 0, 1) * (hi[1] - lo[1]);
+});
+document.addEventListener('keydown', e => {
+  const k = {ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [1, -1], ArrowDown: [1, 1]}[e.key];
+  if (!k || k[0] >= A) return;
+  e.preventDefault();
+  const i = k[0];
+  action[i] = clamp(action[i] + k[1] * 0.05 * (hi[i] - lo[i]), lo[i], hi[i]);
+});
+async function post(path, body) {
+  const r = await fetch(path, {method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)});
+  const j = await r.json();
+  if (!r.ok) throw new Error(j.error || r.status);
+  return j;
+}
+function show(j) {
+  const img = new Image();
+  img.onload = () => {
+    ctx.imageSmoothingEnabled = false;  // nearest-neighbour upscaling
+    ctx.drawImage(img, 0, 0, cv.width, cv.height);
+    if (A >= 2 && j.action) {  // the target that produced this frame, as a red cross
+      const x = (j.action[0] - lo[0]) / (hi[0] - lo[0]) * cv.width, y = (j.action[1] - lo[1]) / (hi[1] - lo[1]) * cv.height;
+      ctx.strokeStyle = 'red'; ctx.lineWidth = 2; ctx.beginPath();
+      ctx.moveTo(x - 8, y); ctx.lineTo(x + 8, y); ctx.moveTo(x, y - 8); ctx.lineTo(x, y + 8); ctx.stroke();
+    }
+  };
+  img.src = 'data:image/png;base64,' + j.frame;
+  recording = j.recording;
+  document.getElementById('rec').className = recording ? 'on' : '';
+  document.getElementById('rec').textContent = recording ? 'stop recording (' + j.recorded + ' frames)' : 'record';
+  document.getElementById('status').textContent = 'step ' + j.step + (j.saved ? ' - saved ' + j.saved : '');
+  window.sim.last = j;
+}
+document.getElementById('reset').onclick = async () => show(await post('/reset', {}));
+document.getElementById('rec').onclick = async () => show(await post('/record', {on: !recording}));
+// the loop: send the current action, draw the next frame, again; frames keep coming whatever the pointer does
+async function loop() {
+  let n = 0, t0 = performance.now();
+  for (;;) {
+    try {
+      show(await post('/step', {action: action.slice()}));
+      window.sim.frames++; n++;
+    } catch (e) {
+      window.sim.error = String(e);
+      document.getElementById('status').textContent = 'error: ' + e;
+      await new Promise(r => setTimeout(r, 500));
+    }
+    const t = performance.now();
+    if (t - t0 > 1000) { document.getElementById('fps').textContent = (n * 1000 / (t - t0)).toFixed(1) + ' fps'; n = 0; t0 = t; }
+  }
+}
+loop();
+</script></body></html>
+"""
+MAX_BODY = 4096  # bytes: an action is a few numbers
+
+
+class HTTPError(Exception):
+    def __init__(self, code, msg):
+        super().__init__(msg)
+        self.code = code
+
+
+class Play:
+    """One live session of the world model: the current frame, resets from held-out real frames, and
+    recording (frames seen + actions sent) into the dataset format. All calls hold one lock."""
+
+    def __init__(self, cfg, sim, ck, ds):
+        self.cfg, self.sim, self.ck, self.ds = cfg, sim, ck, ds
+        meta = ck['data']['meta']
+        self.low = np.asarray(meta['action_low'], np.float64)
+        self.high = np.asarray(meta['action_high'], np.float64)
+        self.lock = threading.Lock()
+        self.rng = np.random.default_rng(cfg['seed'])
+        self.rec = None  # while recording: {'episodes': [...], 'frames': [...], 'actions': [...]}
+        self.steps, self.last_action, self.saved = 0, None, None
+        self.reset()
+
+    def info(self):
+        meta = self.ck['data']['meta']
+        return {'image_size': self.sim.S, 'action_dim': self.sim.A, 'action_low': self.low.tolist(),
+                'action_high': self.high.tolist(), 'fps': meta.get('fps', 10), 'mouse': self.sim.A == 2 and meta.get('image_point_dims') == [0, 1],
+                'steps': self.steps, 'last_action': self.last_action, 'recording': self.rec is not None}
+
+    def reset(self):
+        with self.lock:
+            self.frame = self.sim.reset(rollout.held_out_starts(self.ds, self.ck, 1, self.rng))[0]
+            self.steps = 0
+            if self.rec is not None:  # a reset ends the recorded episode; the next one starts here
+                self._close_episode()
+                self.rec['frames'] = [self.frame]
+            return self._reply()
+
+    def step(self, action):
+        a = np.asarray(action, np.float64)
+        with self.lock:
+            self.frame = self.sim.step(a[None].astype(np.float32))[0]
+            self.steps += 1
+            self.last_action = a.tolist()
+            if self.rec is not None:
+                self.rec['actions'].append(a.astype(np.float32))
+                self.rec['frames'].append(self.frame)
+                if sum(len(f) for f, _ in self.rec['episodes']) + len(self.rec['frames']) >= self.cfg['max_record_steps']:
+                    self._stop()
+            return self._reply()
+
+    def record(self, on):
+        with self.lock:
+            if on and self.rec is None:
+                self.rec, self.saved = {'episodes': [], 'frames': [self.frame], 'actions': []}, None
+            elif not on and self.rec is not None:
+                self._stop()
+            return self._reply()
+
+    def _close_episode(self):
+        f, a = self.rec['frames'], self.rec['actions']
+        if len(a) >= 1:  # an episode needs a step; the last frame's action (no next frame) repeats the last sent
+            self.rec['episodes'].append((np.stack(f), np.stack(a + [a[-1]])))
+        self.rec['frames'], self.rec['actions'] = [], []
+
+    def _stop(self):
+        self._close_episode()
+        eps = self.rec['episodes']
+        if eps:
+            path = os.path.join(self.cfg['record_dir'], time.strftime('play-%Y%m%d-%H%M%S'))
+            n = 1
+            while os.path.exists(path if n == 1 else f"{path}-{n}"):
+                n += 1
+            path = path if n == 1 else f"{path}-{n}"
+            meta = {key: self.ck['data']['meta'][key] for key in ('fps', 'action_low', 'action_high')}
+            meta['source'] = f"world model {os.path.abspath(self.cfg['ckpt'])}, driven live (play.py)"
+            try:
+                os.makedirs(self.cfg['record_dir'], exist_ok=True)
+                D.write_dataset(path, [f for f, _ in eps], [a for _, a in eps], meta)
+            except Exception:
+                self.rec['frames'] = [self.frame]  # keep recording: nothing is lost, stop can be retried
+                raise
+            print(f"recorded {len(eps)} episode(s), {sum(len(f) for f, _ in eps)} frames: {path}", flush=True)
+        self.rec, self.saved = None, (path if eps else None)
+
+    def _reply(self):
+        from PIL import Image
+        buf = io.BytesIO()
+        Image.fromarray(self.frame).save(buf, format='PNG')
+        n = 0 if self.rec is None else sum(len(f) for f, _ in self.rec['episodes']) + len(self.rec['frames'])
+        return {'frame': base64.b64encode(buf.getvalue()).decode(), 'step': self.steps, 'recording': self.rec is not None,
+                'recorded': n, 'saved': self.saved, 'action': self.last_action if self.steps else None}
+
+    def parse_action(self, body):
+        a = body.get('action') if isinstance(body, dict) else None
+        if not isinstance(a, list) or len(a) != self.sim.A:
+            raise HTTPError(400, f"'action' must be a list of {self.sim.A} numbers")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in a):
+            raise HTTPError(400, "action values must be finite numbers")
+        if np.any(np.asarray(a) < self.low) or np.any(np.asarray(a) > self.high):
+            raise HTTPError(400, f"action {a} is outside the action space {self.low.tolist()} .. {self.high.tolist()}")
+        return a
+
+
+def _no_constant(c):
+    raise ValueError(f"{c} is not a JSON number")
+
+
+class PlayHandler(BaseHTTPRequestHandler):
+    timeout = 30  # an idle browser connection never holds its thread for long
+
+    def log_message(self, fmt, *args):  # quiet: one line per frame would flood the terminal
+        pass
+
+    def _send(self, code, obj, ctype='application/json'):
+        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header('Content-Type', ctype)
+        self.send_header('Content-Length', str(len(body)))
+        self.send_header('Cache-Control', 'no-store')
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _body(self):
+        try:
+            n = int(self.headers.get('Content-Length') or 0)
+        except ValueError:
+            raise HTTPError(400, "bad Content-Length")
+        if n < 0:
+            raise HTTPError(400, "bad Content-Length")
+        if n > MAX_BODY:
+            self.close_connection = True  # the unread body must not be parsed as the next request
+            raise HTTPError(413, f"request body over {MAX_BODY} bytes")
+        raw = self.rfile.read(n) if n else b'{}'
+        try:  # NaN / Infinity literals are not JSON numbers
+            body = json.loads(raw.decode('utf-8'), parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError):
+            raise HTTPError(400, "body is not valid JSON")
+        if not isinstance(body, dict):
+            raise HTTPError(400, "body must be a JSON object")
+        return body
+
+    def _handle(self, fn):
+        try:
+            try:
+                fn()
+            except HTTPError as e:
+                self._send(e.code, {'error': str(e)})
+            except OSError as e:
+                if isinstance(e, ConnectionError):
+                    raise
+                self._send(500, {'error': f"{type(e).__name__}: {e}"})
+            except Exception as e:  # keep serving whatever happened (e.g. the record folder is not writable)
+                self._send(500, {'error': f"{type(e).__name__}: {e}"})
+        except ConnectionError:  # the page went away mid-request (a closed tab): nothing to answer
+            self.close_connection = True
+
+    def do_GET(self):
+        play, path = self.server.play, urlsplit(self.path).path
+
+        def get():
+            if path == '/':
+                self._send(200, PAGE.replace('__INFO__', json.dumps(play.info())).encode(), 'text/html; charset=utf-8')
+            elif path == '/info':
+                self._send(200, play.info())
+            elif path in ('/step', '/reset', '/record'):
+                raise HTTPError(405, f"{path} takes POST")
+            else:
+                raise HTTPError(404, f"no such path {path!r}")
+        self._handle(get)
+
+    def do_POST(self):
+        play, path = self.server.play, urlsplit(self.path).path
+
+        def post():
+            if path not in ('/step', '/reset', '/record'):
+                self.close_connection = True
+                raise HTTPError(404, f"no such path {path!r}")
+            body = self._body()
+            if path == '/step':
+                self._send(200, play.step(play.parse_action(body)))
+            elif path == '/reset':
+                self._send(200, play.reset())
+            else:
+                on = body.get('on', play.rec is None)  # no 'on': toggle
+                if not isinstance(on, bool):
+                    raise HTTPError(400, "'on' must be true or false")
+                self._send(200, play.record(on))
+        self._handle(post)
+
+    def _not_allowed(self):
+        self._send(405, {'error': f"method {self.command} not allowed"})
+
+    do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+
+def make_play_server(cfg, sim, ck, ds):
+    """A threading HTTP server (one model call at a time, under Play's lock) on cfg host:port; port 0 = any free one."""
+    srv = ThreadingHTTPServer((cfg['host'], cfg['port']), PlayHandler)
+    srv.daemon_threads = True
+    srv.play = Play(cfg, sim, ck, ds)
+    return srv
+
+
+def main(cfg):
+    """Serve the play page until Ctrl-C; a running recording is saved."""
+    torch.manual_seed(cfg['seed'])
+    dev = pick_device(cfg['device'])
+    dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
+    ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
+    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
+    srv = make_play_server(cfg, sim, ck, ds)
+    print(f"serving the world model at http://{cfg['host']}:{srv.server_address[1]}/ (Ctrl-C to stop); "
+          f"recordings go to {cfg['record_dir']}/play-*", flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if srv.play.rec is not None:  # do not lose a recording to Ctrl-C
+            srv.play.record(False)
+        srv.server_close()
+
+
+if __name__ == '__main__':
+    main(config_from_globals({**vars(rollout), **globals()}))
