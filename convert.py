@@ -2,13 +2,15 @@
 Convert other robot datasets, once, into the dataset folder format data.py reads (training then reads
 only that folder), and concatenate dataset folders:
 
-    python convert.py --format=zarr    --src=pusht_cchi_v7_replay.zarr --out_dir=data/dp_pusht --fps=10
+    python convert.py --format=zarr    --src=pusht_cchi_v7_replay.zarr --out_dir=data/dp_pusht --fps=10 \
+                      --image_point_dims=0,1 --image_point_range=0,512
     python convert.py --format=hdf5    --src=aloha_sim_insertion/ --camera=top --out_dir=data/aloha_top --fps=50
     python convert.py --format=lerobot --src=~/lerobot/aloha_mobile --camera=cam_high --out_dir=data/lr_high
-    python convert.py --format=folder  --src=my_episodes/ --out_dir=data/mine --fps=15
+    python convert.py --format=folder  --src=my_episodes/ --out_dir=data/mine --fps=15 --stride=3 --action_kind=delta
     python convert.py --format=concat  --src=data/pusht64,out/demos --out_dir=data/pusht64_plus_demos
 
-See convert() for the layouts read, and --stride / --action_kind for keeping every k-th frame.
+See convert() for the layouts read, --stride / --action_kind for keeping every k-th frame, and
+--image_point_dims for actions that are a point in the image; concat_datasets() for --format=concat.
 """
 import glob
 import importlib
@@ -33,9 +35,15 @@ out_dir = ''            # the dataset folder to create
 image_size = 64         # square frames, a multiple of 4
 camera = ''             # image stream to keep ('' = the only one); one dataset per camera
 crop = 'center'         # 'center': square centre crop before the resize; 'none': squash the frame to a square
-stride = 1              # keep every stride-th frame (see action_kind for the action kept with it)
+stride = 1              # keep every stride-th frame; > 1 needs action_kind
+action_kind = ''        # what an action is, for stride > 1: 'absolute' (a commanded position/joint target: the
+                        # interval's last command is kept) or 'delta' (a change: the interval's commands are
+                        # summed); or a comma list, one per converted action column, e.g. delta,delta,absolute
 action_keys = ''        # '' = the format's action; else a comma list of arrays/columns, concatenated
 action_dims = None      # None = all action columns; else column indices to keep, e.g. --action_dims=0,1
+image_point_dims = None # None, or the two converted action columns that are an (x, y) point in the image, e.g. 0,1
+image_point_range = None  # with image_point_dims: the action values at the frame's edges, LO,HI for x and y
+                        # (Push-T: 0,512) or XLO,XHI,YLO,YHI; written as those columns' action_low/high
 fps = 0.0               # source frame rate, needed where the source does not record it (zarr, hdf5, folder)
 swap_rb = None          # None = auto (True only for JPEG in hdf5, written by OpenCV as BGR); True/False forces it
 max_episodes = 0        # convert only the first k source episodes (0 = all)
@@ -45,10 +53,17 @@ overwrite = False       # replace an existing non-empty out_dir
 
 CONVERT_FORMATS = ('zarr', 'hdf5', 'lerobot', 'folder')
 IMAGE_EXTS = ('.png', '.jpg', '.jpeg')
+ACTION_KINDS = ('absolute', 'delta')
 
 
-def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1, action_keys='', action_dims=None,
-            fps=0.0, swap_rb=None, max_episodes=0, skip_bad=False, overwrite=False):
+class _OptionError(DatasetError):
+    """An option that does not fit the data (a column index past the action's width...): the same for
+    every episode, so it stops the conversion even with skip_bad instead of skipping every episode."""
+
+
+def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1, action_kind='', action_keys='',
+            action_dims=None, image_point_dims=None, image_point_range=None, fps=0.0, swap_rb=None, max_episodes=0,
+            skip_bad=False, overwrite=False):
     """Convert a robot dataset at `src` into a dataset folder at `out_dir`; return a short summary dict.
 
     Formats (the layouts read; anything else in the source is ignored):
@@ -86,13 +101,36 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
              actions.npy (T, A) or actions.csv (T rows of A numbers, optionally a header line of column
              names that --action_keys can select). Pass --fps.
 
+    Every format is read with data.py's alignment: action[t] is the command issued after seeing frame[t],
+    and frame[t+1] results from it.
+
     Options. Frames: RGB, `crop='center'` cuts the largest centred square before the resize to image_size
     (PIL bilinear, antialiased), `crop='none'` squashes the whole frame; frames already image_size square
-    are copied exactly. `stride=k` keeps frames 0, k, 2k, ... of each episode with the action recorded at
-    each kept frame (right for absolute targets such as positions; delta actions would need summing, which
-    is not done) and writes fps = source fps / k. `action_keys` picks the arrays/columns that hold actions
-    (concatenated in order), `action_dims` then keeps some of their columns. meta.json gets fps,
-    action_low/high = the converted actions' min/max, and a source string naming the format, path and camera.
+    are copied exactly. `action_keys` picks the arrays/columns that hold actions (concatenated in order),
+    `action_dims` then keeps some of their columns. meta.json gets fps, action_low/high = the converted
+    actions' min/max, a source string naming the format, path and camera, and the options below.
+
+    Stride. `stride=k` keeps frames 0, k, 2k, ... of each episode (fps = source fps / k) and needs
+    `action_kind` (at stride 1 every action is kept as it is, and the kind only goes into meta.json).
+    Kept frame j is source frame jk; its action must be the command that leads from it to kept frame j+1,
+    source frame (j+1)k, which results from the k source commands a[jk], ..., a[jk+k-1]:
+      'absolute' (a commanded position or joint target): the target in force when frame (j+1)k is
+                 reached, the last command of the interval, a[jk+k-1];
+      'delta'    (a change of position): the total change over the interval, a[jk] + ... + a[jk+k-1];
+      a comma list gives one kind per converted action column (delta arm, absolute gripper).
+    An episode's last kept frame has an interval cut by the episode's end (when T-1 is not a multiple of
+    k): it gets the last recorded command (absolute) or the sum of the commands left (delta), i.e. the
+    command leading to where the episode's last action leads. data.py's format keeps it without a next
+    frame, so no training target depends on it; it only enters action_low/high and the action statistics.
+    States are observations of the frames, so they are kept at frames 0, k, 2k, ... like the frames.
+    meta.json records stride and action_kind.
+
+    Image points. `image_point_dims=(x, y)` declares two converted action columns to be a point in the
+    image (x = column, y = row), e.g. 0,1 for diffusion-policy Push-T's targets in 0..512 px of a 512
+    frame; `image_point_range` must then give the action values at the converted frame's edges (LO,HI
+    for both, or XLO,XHI,YLO,YHI; after a centre crop, the edges of the cropped square): meta.json gets
+    image_point_dims, and those columns' action_low/high are the range, not the data's min/max (only
+    then may train_dynamics draw the action as a map, --dyn_action_map=True). A point cannot be a delta.
 
     Several cameras: one dataset per camera. Convert once per --camera into its own out_dir, train one
     world model per view, and drive them all with the same action sequence (as the paper's reference code
@@ -117,6 +155,13 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
     crop = 'none' if crop is None else str(crop).lower()
     if crop not in ('center', 'none'):
         raise ValueError(f"crop must be 'center' or 'none', got {crop!r}")
+    kinds = _conv_kinds(action_kind)
+    if stride > 1 and not kinds:
+        raise ValueError(f"stride={stride} needs --action_kind: 'absolute' if an action is a commanded position or "
+                         f"joint target (the last command of each {stride}-frame interval is kept), 'delta' if it is "
+                         f"a change (the interval's {stride} commands are summed); or one kind per action column, "
+                         f"e.g. --action_kind=delta,delta,absolute")
+    points = _conv_points(image_point_dims, image_point_range, kinds)
     _check_out_dir(out_dir, overwrite)  # refuse before a long conversion, not after
 
     keys = [k.strip() for k in str(action_keys or '').split(',') if k.strip()]
@@ -128,7 +173,7 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
     if max_episodes:
         episodes = episodes[:max_episodes]
     if not episodes:
-        raise DatasetError(f"{src}: no episodes found for --convert={fmt}")
+        raise DatasetError(f"{src}: no episodes found for --format={fmt}")
     src_fps = float(fps) if fps else info.get('fps')
     if not src_fps or src_fps <= 0:
         raise DatasetError(f"{src}: the {fmt} source does not record its frame rate; pass --fps=HZ")
@@ -140,13 +185,15 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
         frames, actions, states, skipped = [], [], [], []
         for name, load in tqdm(episodes, desc=f'convert {fmt}', unit='ep'):
             try:
-                f, a, s = _conv_episode(load, dims, stride, crop, image_size, swap)
+                f, a, s = _conv_episode(load, dims, stride, kinds, points, crop, image_size, swap)
                 if actions and a.shape[1] != actions[0].shape[1]:
                     raise DatasetError(f"{a.shape[1]} action columns, but earlier episodes have {actions[0].shape[1]}")
                 if actions and (s is None) != (states[0] is None):
                     raise DatasetError("has states where earlier episodes have none, or the other way round")
                 if actions and s is not None and s.shape[1] != states[0].shape[1]:
                     raise DatasetError(f"{s.shape[1]} state columns, but earlier episodes have {states[0].shape[1]}")
+            except _OptionError as e:  # wrong for every episode: skipping them all would only hide it
+                raise DatasetError(f"{name}: {e}") from e
             except Exception as e:  # any read/decode failure is this episode's fault: name it
                 why = str(e) if isinstance(e, DatasetError) else f"{type(e).__name__}: {e}"
                 if not skip_bad:
@@ -162,12 +209,24 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
         if not frames:
             raise DatasetError(f"{src}: all {len(episodes)} episodes were bad and skipped")
         allact = np.concatenate(actions)
+        low, high = [float(x) for x in allact.min(0)], [float(x) for x in allact.max(0)]
+        if points:  # the image's edges, not the data's extent: where the action lies on the frame
+            off = []  # points off the frame are allowed (the spot falls outside), but many hint at a wrong range
+            for d, (lo, hi) in zip(points['dims'], points['ranges']):
+                n = int(((allact[:, d] < lo) | (allact[:, d] > hi)).sum())
+                if n:
+                    off.append(f"{n} of {len(allact)} in column {d} (frame {lo:g}..{hi:g}, data {low[d]:g}..{high[d]:g})")
+                low[d], high[d] = lo, hi
+            if off:
+                warnings.warn(f"actions outside the frame's range: {'; '.join(off)}; is --image_point_range right?")
         meta = dict(fps=src_fps / stride, image_size=image_size, action_dim=int(allact.shape[1]),
-                    action_low=[float(x) for x in allact.min(0)], action_high=[float(x) for x in allact.max(0)],
+                    action_low=low, action_high=high,
                     source=f"{fmt} {os.path.abspath(src)}" + (f" camera {info['camera']}" if info.get('camera') else ''),
                     num_episodes=len(frames), source_fps=src_fps, camera=info.get('camera', ''), crop=crop,
-                    stride=stride, action_keys=info.get('action_keys', keys), action_dims=dims,
-                    skipped_episodes=skipped)
+                    stride=stride, action_kind=_kinds_meta(kinds), action_keys=info.get('action_keys', keys),
+                    action_dims=dims, skipped_episodes=skipped)
+        if points:
+            meta['image_point_dims'] = points['dims']
         write_dataset(out_dir, frames, actions, meta, overwrite=overwrite,
                       states_list=None if states[0] is None else states)
         return dict(episodes=len(frames), frames=int(allact.shape[0]), skipped=skipped, camera=info.get('camera', ''))
@@ -176,7 +235,7 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
         shutil.rmtree(spool, ignore_errors=True)
 
 
-def _conv_dims(action_dims):
+def _conv_dims(action_dims, name='action_dims'):
     # --action_dims=0,1 arrives as a tuple, --action_dims=3 as an int, a config file may give a list or a string
     if action_dims is None or action_dims == '':
         return None
@@ -187,10 +246,88 @@ def _conv_dims(action_dims):
     try:
         return [int(x) for x in action_dims]
     except (TypeError, ValueError):
-        raise ValueError(f"action_dims must be column indices like 0,1 got {action_dims!r}") from None
+        raise ValueError(f"{name} must be column indices like 0,1 got {action_dims!r}") from None
 
 
-def _conv_episode(load, dims, stride, crop, size, swap):
+def _conv_kinds(action_kind):
+    """--action_kind as a list: [] (not given), one kind for every column, or one per converted column."""
+    if action_kind is None:
+        return []
+    items = list(action_kind) if isinstance(action_kind, (list, tuple)) else str(action_kind).split(',')
+    items = [str(k).strip().lower() for k in items if str(k).strip()]
+    bad = [k for k in items if k not in ACTION_KINDS]
+    if bad:
+        raise ValueError(f"action_kind must be 'absolute' or 'delta' (or a comma list of them, one per action "
+                         f"column), got {action_kind!r}")
+    return items
+
+
+def _kinds_meta(kinds):
+    # meta.json: 'absolute' / 'delta' when one kind covers every column, the list when they differ, None if not given
+    if not kinds:
+        return None
+    return kinds[0] if len(set(kinds)) == 1 else kinds
+
+
+def _conv_points(image_point_dims, image_point_range, kinds):
+    """Check --image_point_dims / --image_point_range (what they need of each other and of action_kind);
+    return None or {'dims': [x, y], 'ranges': [(xlo, xhi), (ylo, yhi)]}. The column count is checked per
+    episode (_check_columns), once it is known."""
+    dims = _conv_dims(image_point_dims, 'image_point_dims')
+    if dims is None:
+        if image_point_range not in (None, ''):
+            raise ValueError("image_point_range is given without image_point_dims (the columns it applies to)")
+        return None
+    if len(dims) != 2 or dims[0] == dims[1] or min(dims) < 0:
+        raise ValueError(f"image_point_dims must be two different action columns (x, y), e.g. 0,1; got {dims}")
+    if image_point_range in (None, ''):
+        raise ValueError("image_point_dims needs --image_point_range=LO,HI (or XLO,XHI,YLO,YHI): the action values "
+                         "at the frame's edges, e.g. 0,512 for Push-T's targets in 0..512 px; the data's own min/max "
+                         "would put the points in the wrong place")
+    try:
+        r = [float(x) for x in (image_point_range.split(',') if isinstance(image_point_range, str)
+                                else image_point_range)]
+    except (TypeError, ValueError):
+        r = []
+    if len(r) == 2:
+        r = r * 2
+    if len(r) != 4 or not (r[0] < r[1] and r[2] < r[3]):
+        raise ValueError(f"image_point_range must be LO,HI or XLO,XHI,YLO,YHI with LO < HI, got {image_point_range!r}")
+    for d in dims:
+        kind = kinds[0] if len(kinds) == 1 else kinds[d] if d < len(kinds) else None
+        if kind == 'delta':
+            raise ValueError(f"action column {d} is declared a point in the image (image_point_dims) and a delta "
+                             f"(action_kind): a change of position is not a place in the frame")
+    return {'dims': dims, 'ranges': [(r[0], r[1]), (r[2], r[3])]}
+
+
+def _check_columns(A, kinds, points):
+    """The options that index the converted action columns fit their number A."""
+    if len(kinds) > 1 and len(kinds) != A:
+        raise _OptionError(f"action_kind lists {len(kinds)} kinds for {A} converted action columns "
+                           f"(give one kind, or one per column)")
+    if points and max(points['dims']) >= A:
+        raise _OptionError(f"image_point_dims {points['dims']} name columns past the {A} converted action columns "
+                           f"(they index the columns after action_keys / action_dims)")
+
+
+def _stride_actions(a, stride, kinds):
+    """The action of each kept frame 0, k, 2k, ... (k = stride) under convert()'s stride rule: per interval
+    [jk, jk+k) the last command (absolute columns) or the sum of its commands (delta columns); the last
+    interval is cut at the episode's end. a: (T, A) float32; kinds: one kind, or one per column."""
+    if stride == 1:
+        return a
+    T, A = a.shape
+    starts = np.arange(0, T, stride)
+    out = a[np.minimum(starts + stride, T) - 1].copy()  # the interval's last command; the cut last interval: a[T-1]
+    delta = np.array([k == 'delta' for k in (kinds * A if len(kinds) == 1 else kinds)])
+    if delta.any():  # summed in float64, so a long interval adds no rounding beyond float32's own
+        sums = np.add.reduceat(a.astype(np.float64), starts, axis=0)
+        out[:, delta] = sums[:, delta].astype(np.float32)
+    return out
+
+
+def _conv_episode(load, dims, stride, kinds, points, crop, size, swap):
     """Read one source episode, check it, return (frames uint8 (T', S, S, 3), actions float32, states or None)."""
     ep = load()
     a = np.asarray(ep['actions'])
@@ -201,8 +338,9 @@ def _conv_episode(load, dims, stride, crop, size, swap):
     if dims is not None:
         bad = [d for d in dims if not -a.shape[1] <= d < a.shape[1]]
         if bad:
-            raise DatasetError(f"action_dims {bad} out of range for {a.shape[1]} action columns")
+            raise _OptionError(f"action_dims {bad} out of range for {a.shape[1]} action columns")
         a = a[:, dims]
+    _check_columns(a.shape[1], kinds, points)
     a = a.astype(np.float32)
     T = int(ep['n_frames'])
     if T == 0:
@@ -232,7 +370,7 @@ def _conv_episode(load, dims, stride, crop, size, swap):
         n += 1
     if n != len(keep):
         raise DatasetError(f"only {n} of the {len(keep)} frames could be read")
-    return out, a[::stride], s
+    return out, _stride_actions(a, stride, kinds), s
 
 
 def _conv_image(img, crop, size, swap):
@@ -265,7 +403,7 @@ def _need(module, pip_name, fmt):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ImportError(f"--convert={fmt} needs the '{pip_name}' package: pip install {pip_name}") from None
+        raise ImportError(f"--format={fmt} needs the '{pip_name}' package: pip install {pip_name}") from None
 
 
 def _natural_key(name):
@@ -631,18 +769,38 @@ def _folder_actions(d, keys):
 
 
 def concat_datasets(dirs, out, overwrite=False):
-    """Write the episodes of several datasets, in order, as one new dataset (e.g. play data + demos)."""
-    if len(dirs) < 1:
-        raise SystemExit("concat needs at least one dataset folder")
+    """Write the episodes of several dataset folders, in the order given, as one new dataset (e.g. play
+    data + demos); return a short summary dict.
+
+    The parts must agree on image size, action dim and fps (else DatasetError naming both parts), and
+    on action_kind where they record one. Merged meta.json: fps; action_low/high = the union of the
+    parts' ranges; image_point_dims (with the frame range it gives those columns) only when every part
+    declares the same dims and range, else dropped with a note (the union of two different frame ranges
+    would put the points wrong); action_kind and stride when every part records the same; a source
+    string and the list of parts. states.npy is kept only when every part has states of one width."""
+    dirs = [str(d) for d in dirs]
+    if not dirs:
+        raise DatasetError("concat needs at least one dataset folder (--src=DIR1,DIR2,...)")
+    if any(os.path.abspath(d) == os.path.abspath(out) for d in dirs):
+        raise DatasetError(f"{out}: the output folder is also one of the parts; write the concatenation elsewhere")
+    _check_out_dir(out, overwrite)  # before reading the parts
     dss = [load_dataset(d) for d in dirs]
-    m0 = dss[0]['meta']
-    for d, ds in zip(dirs, dss):
-        m = ds['meta']
-        if (m['image_size'], m['action_dim'], m['fps']) != (m0['image_size'], m0['action_dim'], m0['fps']):
-            raise SystemExit(f"{d}: image size / action dim / fps {m['image_size']}, {m['action_dim']}, {m['fps']} differ "
-                             f"from {dirs[0]}: {m0['image_size']}, {m0['action_dim']}, {m0['fps']}")
+    metas = [ds['meta'] for ds in dss]
+    m0 = metas[0]
+    for d, m in zip(dirs, metas):
+        for key in ('image_size', 'action_dim', 'fps'):
+            if m[key] != m0[key]:
+                raise DatasetError(f"{d}: {key} {m[key]} differs from {dirs[0]}'s {m0[key]}; only datasets with the "
+                                   f"same image size, action dim and fps can be concatenated (convert again to match)")
+    kinds = {json.dumps(m['action_kind']) for m in metas if m.get('action_kind')}
+    if len(kinds) > 1:
+        raise DatasetError(f"the parts record different action kinds {sorted(kinds)}: their actions do not mean the same")
+
+    widths = {None if ds['states'] is None else ds['states'].shape[1] for ds in dss}
+    with_states = None not in widths and len(widths) == 1
+    if not with_states and widths != {None}:
+        print(f"note: states.npy dropped (the parts' state widths: {[w for w in widths]}; kept only when all agree)")
     frames, actions, states = [], [], []
-    with_states = all(ds['states'] is not None for ds in dss) and len({ds['states'].shape[1] for ds in dss}) == 1
     for ds in dss:
         for s, e in D.episode_ranges(ds['episode_ends']):  # memory-mapped slices: read while writing
             frames.append(ds['frames'][s:e])
@@ -650,22 +808,43 @@ def concat_datasets(dirs, out, overwrite=False):
             if with_states:
                 states.append(ds['states'][s:e])
     meta = {'fps': m0['fps'],
-            'action_low': np.min([ds['meta']['action_low'] for ds in dss], 0).tolist(),
-            'action_high': np.max([ds['meta']['action_high'] for ds in dss], 0).tolist(),
-            'source': 'concatenation of ' + '; '.join(f"{os.path.abspath(d)} ({ds['meta']['source']})" for d, ds in zip(dirs, dss)),
+            'action_low': np.min([m['action_low'] for m in metas], 0).tolist(),
+            'action_high': np.max([m['action_high'] for m in metas], 0).tolist(),
+            'source': 'concatenation of ' + '; '.join(f"{os.path.abspath(d)} ({m['source']})" for d, m in zip(dirs, metas)),
             'parts': [{'data_dir': os.path.abspath(d), 'num_episodes': len(ds['episode_ends'])} for d, ds in zip(dirs, dss)]}
+    for key in ('action_kind', 'stride'):  # facts about every action: kept only when every part states the same
+        vals = [m.get(key) for m in metas]
+        if vals[0] is not None and all(v == vals[0] for v in vals):
+            meta[key] = vals[0]
+
+    def point_frame(m):
+        # a part's image points: its dims and the frame range those columns' action_low/high give
+        dims = m.get('image_point_dims')
+        return None if dims is None else (list(dims), [(m['action_low'][d], m['action_high'][d]) for d in dims])
+    pts = [point_frame(m) for m in metas]
+    if pts[0] is not None and all(p == pts[0] for p in pts):
+        meta['image_point_dims'] = pts[0][0]
+        for d, (lo, hi) in zip(*pts[0]):
+            meta['action_low'][d], meta['action_high'][d] = lo, hi
+    elif any(p is not None for p in pts):
+        print(f"note: image_point_dims dropped: the parts declare {[p for p in pts]}, not all the same")
     write_dataset(out, frames, actions, meta, states if with_states else None, overwrite=overwrite)
     print(f"wrote {out}: {len(frames)} episodes from {len(dirs)} datasets")
+    return dict(episodes=len(frames), frames=int(sum(len(a) for a in actions)), states=with_states)
 
 
 def main(cfg):
+    """`python convert.py ...`: convert or concatenate per cfg; errors exit with the message, not a traceback."""
     if not cfg['src'] or not cfg['out_dir']:
         raise SystemExit("usage: python convert.py --format=FORMAT --src=SOURCE --out_dir=NEW_FOLDER (see the top of convert.py)")
+    if cfg['format'] not in CONVERT_FORMATS + ('concat',):
+        raise SystemExit(f"error: --format={cfg['format']!r}; choose one of {', '.join(CONVERT_FORMATS + ('concat',))}")
     try:
         if cfg['format'] == 'concat':
             return concat_datasets([d for d in cfg['src'].split(',') if d], cfg['out_dir'], cfg['overwrite'])
-        opts = {k: cfg[k] for k in ('camera', 'crop', 'image_size', 'stride', 'action_keys', 'action_dims', 'fps',
-                                    'swap_rb', 'max_episodes', 'skip_bad', 'overwrite')}
+        opts = {k: cfg[k] for k in ('camera', 'crop', 'image_size', 'stride', 'action_kind', 'action_keys', 'action_dims',
+                                    'image_point_dims', 'image_point_range', 'fps', 'swap_rb', 'max_episodes',
+                                    'skip_bad', 'overwrite')}
         with warnings.catch_warnings():
             warnings.simplefilter('always')  # every skipped episode is reported
             r = convert(cfg['format'], cfg['src'], cfg['out_dir'], **opts)

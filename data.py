@@ -239,6 +239,27 @@ def denormalize_actions(a, stats):
 
 
 # -----------------------------------------------------------------------------
+# training windows
+
+def make_windows(targets, starts, W, actions_norm):
+    """Index tables for a batch of training windows (stage 2). targets (B,): the frame each window ends
+    on (never its episode's first frame); starts (B,): that episode's first frame. The window holds
+    frames e-W+1..e, clamped at the episode start (its first frame repeated, as a rollout starts), and
+    each frame p carries the action that produced it, a_{p-1}, when p-1 is in the episode, else 'no
+    action' (the alignment of the format above: action[i] is issued after frame[i], frame[i+1] is its
+    result). Returns frame_idx (B, W) int64 and act (B, W, A+1) float32: the normalised action
+    (zeros where none) and a 'has action' bit, the layout of model.action_input."""
+    e = np.asarray(targets, np.int64)[:, None]  # (B, 1)
+    st = np.asarray(starts, np.int64)[:, None]  # (B, 1)
+    p = e - W + 1 + np.arange(W)[None]  # (B, W) raw positions, may reach before the episode
+    frame_idx = np.maximum(p, st)  # (B, W)
+    valid = p - 1 >= st  # (B, W): an action of this episode produced frame p
+    a = np.asarray(actions_norm, np.float32)[np.maximum(p - 1, 0)]  # (B, W, A)
+    act = np.concatenate([a * valid[..., None], valid[..., None]], -1).astype(np.float32)  # (B, W, A+1)
+    return frame_idx, act
+
+
+# -----------------------------------------------------------------------------
 # writing
 
 def _check_out_dir(out_dir, overwrite):

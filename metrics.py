@@ -12,6 +12,7 @@ Importing this module has no side effects: lpips is imported inside load_lpips, 
 nothing here imports gym or pygame.
 """
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -137,7 +138,9 @@ def load_lpips(weights_dir=None):
 
     import lpips  # lazy: keeps import of this module light and side-effect free
 
-    model = lpips.LPIPS(net='alex', pretrained=True, pnet_rand=True, verbose=False)
+    with warnings.catch_warnings():  # lpips builds torchvision's alexnet with the deprecated pretrained=; not ours to fix
+        warnings.simplefilter('ignore', UserWarning)
+        model = lpips.LPIPS(net='alex', pretrained=True, pnet_rand=True, verbose=False)
     sd = torch.load(path, map_location='cpu', weights_only=True)
     # lpips splits torchvision's alexnet.features into slice1..slice5 but keeps each layer's
     # original index as its module name: lpips 'sliceK.N.weight' <- torchvision 'features.N.weight'

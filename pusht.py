@@ -6,16 +6,24 @@ Everything that knows Push-T (gym-pusht, Chi et al. 2023) is here; the core scri
     python pusht.py --mode=policy_eval --ckpt=out/dyn/ckpt.pt --num_states=20 --steps=60 --out_dir=out/policy_eval
     python pusht.py --mode=record_demos --ckpt=out/dyn/ckpt.pt --num_episodes=8 --steps=60 --record_dir=out/demos
 
-What it holds, top to bottom:
-- the physics read from pixels: segmentation by the renderer's colours, the agent's position, the
-  T block's pose, goal coverage, and physics(): per-frame errors of a prediction against the truth;
-- the T's geometry (gym-pusht's add_tee) and its goal pose;
-- the play-data collector (scripted primitives in gym-pusht, written as a dataset folder whose
-  meta.json declares the action an image point, so the dynamics may draw it as a map);
-- scripted policies, and policy evaluation: the same policies from the same start states in
-  gym-pusht and inside the world model, scored on goal coverage read from the frames;
-- demos recorded inside the model, and the open-loop evaluation with the physics scores added
-  (rollout.main with physics as its extra score).
+What it holds, top to bottom (one copy of each idea):
+- the T: its geometry (TEE_RECTS, TEE_CENTROID, GOAL_POSE, SIM_SIZE), THE pose convention, body <->
+  world coordinates, the one pixel renderer of the T (tee_fraction; tee_mask and goal_mask on top of
+  it), angle_diff (the one angle wrap), env_state and make_env (gym-pusht's state and environment);
+- reading frames: segment_pusht (pixel classes by the renderer's colours), min_pixels (the one
+  "found" rule for the agent and the block), agent_position, block_pose (centroid + angle of the T),
+  estimate_state (the state in gym-pusht's units, built on block_pose), goal_coverage,
+  pusht_detectable, block_shape_iou;
+- physics(): per-frame errors of a predicted frame against the true one (the open-loop evaluation's
+  extra scores);
+- route_around: how the agent walks round the T instead of through it (the collector and the Pusher);
+- the play-data collector (generate_pusht; its meta.json declares the action an image point, so the
+  dynamics may draw it as a map);
+- scripted policies (Hold, RandomWalk, Pusher; POLICIES), start states, policy evaluation: the same
+  policies from the same start states in gym-pusht and inside the world model, scored on goal
+  coverage read from the frames (policy_eval);
+- demos recorded inside the model (record_demos), the open-loop evaluation with the physics scores
+  added (evaluate = rollout.main with physics as its extra score), and the command line.
 
 Everything a policy sees and everything that is scored is read from frames, in the real simulator
 and in the model alike.
@@ -32,11 +40,126 @@ from tqdm import tqdm
 
 import data as D
 import rollout
-from common import config_from_globals, pick_device, save_grid
+from common import config_from_globals, load_checkpoint, pick_device, save_grid
 
 
 # -----------------------------------------------------------------------------
-# Push-T physics from pixels
+# The T, its pose convention, and gym-pusht's state
+#
+# The T (gym-pusht PushTEnv.add_tee, scale 30, length 4), in the block's body frame (sim units):
+#   bar  x in [-60, 60], y in [0, 30]     (area 3600)
+#   stem x in [-15, 15], y in [30, 120]   (area 2700)
+# THE pose convention, used everywhere in this file: a pose is (x, y, angle) = the body origin in sim
+# (world) units, 0..SIM_SIZE, and the body angle in radians; it is what gym-pusht reports as
+# env.block.position / env.block.angle and what states.npy holds. The body origin is the middle of the
+# bar's outer edge, NOT the centroid: the area centroid is at TEE_CENTROID = (0, 40.71) in the body
+# frame (pymunk's centre of gravity, (0, 45), the mean of the two shapes' centroids, is not it either;
+# nothing here uses it). world = (x, y) + R(angle) local, R(a) = [[cos a, -sin a], [sin a, cos a]]; no
+# y flip anywhere: a frame pixel is world * S / SIM_SIZE, pixel (row r, col c) covering [c, c+1) x
+# [r, r+1). Angles are reported in [0, 2 pi) (states.npy's convention); differences go through
+# angle_diff. The goal is the same T drawn LightGreen at the fixed pose GOAL_POSE.
+TEE_RECTS = ((-60.0, 60.0, 0.0, 30.0), (-15.0, 15.0, 30.0, 120.0))  # (x0, x1, y0, y1): bar, stem
+TEE_CENTROID = (0.0, (3600 * 15 + 2700 * 75) / 6300)  # (0, 40.714): the area centroid, body frame
+TEE_REACH = 80.7  # farthest points of the T from its centroid (the stem's outer corners), sim units
+CONTACTS = ((55.0, 15.0), (-55.0, 15.0), (0.0, 110.0))  # body frame: near the bar's two ends, the stem's end
+GOAL_POSE = (256.0, 256.0, math.pi / 4)
+SIM_SIZE = 512.0
+TEE_AREA, AGENT_AREA = 6300.0, math.pi * 15 ** 2  # sim units^2 (agent: a disc of radius 15)
+MIN_FRAC = 0.25  # a thing counts as "found" with at least this fraction of its expected pixel area
+
+
+def angle_diff(a, b):
+    """a - b wrapped to [-pi, pi) (radians, arrays broadcast)."""
+    return (np.asarray(a) - np.asarray(b) + np.pi) % (2 * np.pi) - np.pi
+
+
+def body_to_world(pose, local):
+    """World (sim) coordinates (..., 2) of body-frame points local (..., 2) of a T at pose(s) (..., 3)."""
+    pose, local = np.asarray(pose, float), np.asarray(local, float)
+    c, s = np.cos(pose[..., 2]), np.sin(pose[..., 2])
+    lx, ly = local[..., 0], local[..., 1]
+    return np.stack([pose[..., 0] + c * lx - s * ly, pose[..., 1] + s * lx + c * ly], -1)
+
+
+def world_to_body(pose, world):
+    """Body-frame coordinates (..., 2) of world points (..., 2) for a T at pose(s) (..., 3): R(-angle) (world - origin)."""
+    pose, world = np.asarray(pose, float), np.asarray(world, float)
+    c, s = np.cos(pose[..., 2]), np.sin(pose[..., 2])
+    dx, dy = world[..., 0] - pose[..., 0], world[..., 1] - pose[..., 1]
+    return np.stack([c * dx + s * dy, -s * dx + c * dy], -1)
+
+
+def tee_centroid(pose):
+    """World position (..., 2) of the T's area centroid for pose(s) (..., 3)."""
+    return body_to_world(pose, TEE_CENTROID)
+
+
+def pose_from_centroid(cx, cy, angle, size):
+    """The pose (..., 3) of the T whose area centroid is at (cx, cy) frame pixels of a size x size frame
+    and whose body angle is angle (rad): origin = centroid - R(angle) TEE_CENTROID, in sim units."""
+    angle = np.asarray(angle, float)
+    zero = np.zeros_like(angle)
+    off = body_to_world(np.stack([zero, zero, angle], -1), TEE_CENTROID)  # R(angle) TEE_CENTROID
+    k = SIM_SIZE / size
+    return np.stack([np.asarray(cx) * k - off[..., 0], np.asarray(cy) * k - off[..., 1], angle], -1)
+
+
+def inside_tee(lx, ly):
+    """True where body-frame points (sim units; arrays broadcast) lie in the T (edges included)."""
+    inside = False
+    for x0, x1, y0, y1 in TEE_RECTS:
+        inside = inside | ((lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1))
+    return inside
+
+
+def tee_fraction(poses, xs, ys, size, sub=4):
+    """The one pixel renderer of the T: the fraction (K, P) of each pixel (centres xs, ys: (P,) in frame
+    pixels of a size x size frame) that the T covers at each of poses (K, 3), from sub x sub sample
+    points per pixel."""
+    poses = np.asarray(poses, float).reshape(-1, 3)
+    o = (np.arange(sub) + 0.5) / sub - 0.5  # sample offsets from the pixel centre
+    k = SIM_SIZE / size
+    wx = (np.asarray(xs, float)[:, None, None] + o[None, :, None]) * k  # (P, sub, 1) sim units
+    wy = (np.asarray(ys, float)[:, None, None] + o[None, None, :]) * k  # (P, 1, sub)
+    x, y, a = (poses[:, i, None, None, None] for i in range(3))  # each (K, 1, 1, 1)
+    c, s = np.cos(a), np.sin(a)
+    dx, dy = wx[None] - x, wy[None] - y  # world -> body: R(-angle) (world - origin), as world_to_body
+    inside = inside_tee(c * dx + s * dy, -s * dx + c * dy)  # (K, P, sub, sub)
+    return inside.reshape(len(poses), len(xs), -1).mean(-1)
+
+
+def tee_mask(size, pose, sub=4):
+    """Boolean (size, size) mask of the T at pose: the pixels it covers at least half of."""
+    ys, xs = np.mgrid[0:size, 0:size] + 0.5
+    return tee_fraction(pose, xs.ravel(), ys.ravel(), size, sub)[0].reshape(size, size) >= 0.5
+
+
+_GOAL_CACHE = {}
+
+
+def goal_mask(size):
+    """The LightGreen goal T as a (size, size) mask, computed geometrically (the block hides the green
+    where it sits on it, so the goal cannot be read from the frame itself)."""
+    if size not in _GOAL_CACHE:
+        _GOAL_CACHE[size] = tee_mask(size, GOAL_POSE)
+    return _GOAL_CACHE[size]
+
+
+def make_env(S):
+    """A headless gym-pusht environment rendering S x S frames (pygame never opens a window)."""
+    os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')
+    os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
+    from gym_pusht.envs.pusht import PushTEnv
+    return PushTEnv(obs_type='pixels', render_mode='rgb_array', observation_width=S, observation_height=S)
+
+
+def env_state(env):
+    """The env's true state (5,) as states.npy holds it: agent x, y, then the T's pose (angle in [0, 2 pi))."""
+    return np.array([*env.agent.position, *env.block.position, env.block.angle % (2 * math.pi)])
+
+
+# -----------------------------------------------------------------------------
+# Reading frames: what is where
 #
 # How gym-pusht draws a frame (envs/pusht.py, pymunk_override.py), onto a 512x512 surface:
 #   white background -> goal T in LightGreen -> pymunk debug_draw: walls (LightGray fat
@@ -55,6 +178,7 @@ COLOUR_TOLERANCE = 40.0  # max RGB distance (0..255 units) from the nearest mixi
 
 
 def _palette():
+    # the reference colours (P, 3) and their classes (P,): 0 nothing, 1 block, 2 agent
     cols, labels = [], []
     for k, name in enumerate(["background", "block", "agent"]):
         for c in PUSHT_COLOURS[name]:
@@ -96,24 +220,36 @@ def segment_pusht(frames):
     return {"agent": cls == 2, "block": cls == 1}
 
 
-def _centroids(m):
-    # mean (x, y) of the True pixels of each mask (B, H, W), pixel centres at (c + 0.5, r + 0.5)
+def min_pixels(size, what):
+    """THE "found" rule: the agent / the block counts as found in a size x size frame iff its mask has
+    at least this many pixels, MIN_FRAC of its area at that scale (64x64: agent 11 px -> 2, block 98 px
+    -> 24). physics, pusht_detectable, agent_position, block_pose and estimate_state all apply it."""
+    area = {'agent': AGENT_AREA, 'block': TEE_AREA}[what] * (size / SIM_SIZE) ** 2
+    return max(1, int(MIN_FRAC * area))
+
+
+def _found(masks, what):
+    # (B,) bool: the mask (B, H, W) has at least min_pixels pixels
+    m = np.asarray(masks, bool)
+    return m.reshape(len(m), -1).sum(1) >= min_pixels(m.shape[1], what)
+
+
+def _agent_xy(masks):
+    # agent centroid (B, 2) as (x, y) frame pixels from agent masks (B, H, W), NaN where not found;
+    # pixel centres at (c + 0.5, r + 0.5)
+    m = np.asarray(masks, bool)
     B, H, W = m.shape
     out = np.full((B, 2), np.nan)
     ys, xs = np.mgrid[0:H, 0:W]
-    for i in range(B):
-        if m[i].any():
-            out[i] = xs[m[i]].mean() + 0.5, ys[m[i]].mean() + 0.5
+    for i in np.nonzero(_found(m, 'agent'))[0]:
+        out[i] = xs[m[i]].mean() + 0.5, ys[m[i]].mean() + 0.5
     return out
 
 
 def agent_position(frames):
-    """Agent centroid (B, 2) as (x, y) in frame pixels, NaN where no agent pixel is found.
-
-    Pixel (row r, col c) covers [c, c+1) x [r, r+1), so its centre is (c + 0.5, r + 0.5);
-    with this convention a sim position maps to pixels by p = sim * S / 512 (no y flip).
-    """
-    return _centroids(segment_pusht(frames)["agent"])
+    """Agent centroid (B, 2) as (x, y) in frame pixels of uint8 frames (B, H, W, 3), NaN where it is not
+    found (min_pixels). A sim position maps to pixels by p = sim * S / SIM_SIZE (no y flip)."""
+    return _agent_xy(segment_pusht(frames)["agent"])
 
 
 def mask_iou(a, b):
@@ -125,162 +261,41 @@ def mask_iou(a, b):
     return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
 
-PHYSICS_KEYS = ('agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px', 'block_angle_err_deg',
-                'coverage_err', 'coverage_pred', 'coverage_true')  # what pusht_physics returns
+def block_pose(mask, ignore=None):
+    """The T block measured in block masks (B, H, W): (B, 3) = (area centroid x, y in frame pixels, body
+    angle in rad in [0, 2 pi)); NaN rows where the block is not found (min_pixels). pose_from_centroid
+    turns a row into a pose.
 
-
-def physics(pred_frames, true_frames):
-    """Per-frame physics errors between predicted and true uint8 frames (B, H, W, 3), all (B,), never NaN.
-
-    Segmentation rule (segment_pusht): every pixel is explained as a blend of two reference colours
-    of the renderer and goes to the class of the dominant one (agent RoyalBlue, block
-    LightSlateGray; background, goal LightGreen and walls are nothing); pixels far from every blend
-    are nothing too. The block counts as found with >= min_pixels(S, 'block') pixels (a quarter of
-    the T's area at that scale), the agent with >= 1 pixel (as before).
-
-    "agent_err_px": Euclidean distance of the agent centroids in frame pixels. When the agent
-      is found in one frame but not the other (e.g. the model lost it, or drew it where the
-      truth has it hidden under the block), the error is the image diagonal sqrt(H^2 + W^2);
-      when it is missing in both, 0.
-    "block_iou": IoU of the block masks.
-    "agent_iou": IoU of the agent masks (1 when both are empty).
-    "block_centroid_err_px": distance of the T-block mask centroids (block_pose); diagonal when the
-      block is found in one frame only, 0 when in neither.
-    "block_angle_err_deg": |angle difference| wrapped to [0, 180] of the block orientations
-      (block_pose: second moments, third-moment flip, template refinement that skips agent pixels);
-      180 when found in one frame only, 0 in neither.
-    "coverage_pred", "coverage_true": |block & goal| / |goal| (goal_coverage; the goal T at sim pose
-      (256, 256, pi/4), computed geometrically; goal pixels hidden by the frame's agent mask are left
-      out of both counts), "coverage_err": |coverage_pred - coverage_true|.
-    """
-    H, W = np.asarray(true_frames).shape[1:3]
-    diag = float(np.hypot(H, W))
-    seg_p, seg_t = segment_pusht(pred_frames), segment_pusht(true_frames)
-    pos_p, pos_t = _centroids(seg_p["agent"]), _centroids(seg_t["agent"])
-    miss_p, miss_t = np.isnan(pos_p[:, 0]), np.isnan(pos_t[:, 0])
-    err = np.linalg.norm(pos_p - pos_t, axis=1)
-    err = np.where(miss_p != miss_t, diag, err)
-    err = np.where(miss_p & miss_t, 0.0, err)
-
-    mp = min_pixels(H, 'block')
-    bp, bt = block_pose(seg_p["block"], mp, seg_p["agent"]), block_pose(seg_t["block"], mp, seg_t["agent"])
-    bmiss_p, bmiss_t = np.isnan(bp[:, 0]), np.isnan(bt[:, 0])
-    one, none = bmiss_p != bmiss_t, bmiss_p & bmiss_t
-    cerr = np.linalg.norm(bp[:, :2] - bt[:, :2], axis=1)
-    cerr = np.where(one, diag, np.where(none, 0.0, cerr))
-    dang = np.abs((bp[:, 2] - bt[:, 2] + np.pi) % (2 * np.pi) - np.pi)  # wrap to [0, pi]
-    aerr = np.where(one, 180.0, np.where(none, 0.0, np.degrees(dang)))
-    cov_p, cov_t = goal_coverage(seg_p["block"], seg_p["agent"]), goal_coverage(seg_t["block"], seg_t["agent"])
-    return {"agent_err_px": err, "block_iou": mask_iou(seg_p["block"], seg_t["block"]),
-            "agent_iou": mask_iou(seg_p["agent"], seg_t["agent"]),
-            "block_centroid_err_px": cerr, "block_angle_err_deg": aerr,
-            "coverage_pred": cov_p, "coverage_true": cov_t, "coverage_err": np.abs(cov_p - cov_t)}
-
-
-# -----------------------------------------------------------------------------
-# Push-T physics, completed: T-block pose, goal coverage, agent mask
-#
-# The T (gym-pusht PushTEnv.add_tee, scale 30, length 4), in the block's body frame (sim units):
-#   bar  x in [-60, 60], y in [0, 30]     (area 3600)
-#   stem x in [-15, 15], y in [30, 120]   (area 2700)
-# The body origin (what env.block.position and states.npy report) is the middle of the bar's
-# outer edge, NOT the centroid: the area centroid is at (0, (3600*15 + 2700*75)/6300) = (0, 40.71).
-# (pymunk's centre of gravity, (0, 45), is the mean of the two shapes' centroids: also not it.)
-# world = position + R(angle) local, R(a) = [[cos a, -sin a], [sin a, cos a]], no y flip; a pixel is
-# world * S / 512. The goal is the same T drawn at body pose (256, 256, pi/4), its origin there.
-TEE_RECTS = ((-60.0, 60.0, 0.0, 30.0), (-15.0, 15.0, 30.0, 120.0))  # (x0, x1, y0, y1) per rectangle
-TEE_CENTROID = (0.0, (3600 * 15 + 2700 * 75) / 6300)  # (0, 40.714) in the body frame
-GOAL_POSE = (256.0, 256.0, np.pi / 4)
-SIM_SIZE = 512.0
-MIN_FRAC = 0.25  # a thing counts as "found" with at least this fraction of its expected pixel area
-TEE_AREA, AGENT_AREA = 6300.0, np.pi * 15 ** 2  # sim units^2 (agent: disc of radius 15)
-
-
-def tee_centroid(x, y, angle):
-    """World (sim) position of the T's area centroid from a body pose (origin x, y; angle in rad)."""
-    cx, cy = TEE_CENTROID
-    c, s = np.cos(angle), np.sin(angle)
-    return np.stack([x + c * cx - s * cy, y + s * cx + c * cy], -1)
-
-
-def tee_mask(size, x, y, angle, sub=4):
-    """Boolean (size, size) mask of the T at body pose (x, y, angle), sim units: a pixel is in when at
-    least half of its sub x sub sample points fall inside one of the two rectangles (area coverage)."""
-    o = (np.arange(size * sub) + 0.5) / sub * SIM_SIZE / size  # sample points, sim units
-    wx, wy = np.meshgrid(o, o)  # (size*sub, size*sub), rows = y
-    dx, dy = wx - x, wy - y
-    c, s = np.cos(angle), np.sin(angle)
-    lx, ly = c * dx + s * dy, -s * dx + c * dy  # local = R(-angle) (world - origin)
-    inside = np.zeros_like(lx, dtype=bool)
-    for x0, x1, y0, y1 in TEE_RECTS:
-        inside |= (lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1)
-    return inside.reshape(size, sub, size, sub).mean((1, 3)) >= 0.5
-
-
-_GOAL_CACHE = {}
-
-
-def goal_mask(size):
-    """The LightGreen goal T as a (size, size) mask, computed geometrically (the block hides the
-    green when it sits on it, so the goal cannot be read from the frame itself)."""
-    if size not in _GOAL_CACHE:
-        _GOAL_CACHE[size] = tee_mask(size, *GOAL_POSE)
-    return _GOAL_CACHE[size]
-
-
-def _tee_fraction(cx, cy, angles, xs, ys, scale, sub=4):
-    """Fraction of each pixel (centres xs, ys: (P,) frame pixels) covered by the T whose area centroid
-    is at (cx, cy) frame pixels, for each body angle in angles (K,) -> (K, P). scale = S / 512."""
-    o = (np.arange(sub) + 0.5) / sub - 0.5  # sub-pixel sample offsets
-    sx = (xs[:, None, None] + o[None, :, None]) / scale  # (P, sub, 1) sim units
-    sy = (ys[:, None, None] + o[None, None, :]) / scale  # (P, 1, sub)
-    c, s = np.cos(angles)[:, None, None, None], np.sin(angles)[:, None, None, None]
-    dx, dy = sx[None] - cx / scale, sy[None] - cy / scale
-    lx = c * dx + s * dy + TEE_CENTROID[0]  # local = R(-a) (world - centroid) + centroid_local
-    ly = -s * dx + c * dy + TEE_CENTROID[1]
-    inside = np.zeros(lx.shape[:1] + (len(xs), sub, sub), bool)
-    for x0, x1, y0, y1 in TEE_RECTS:
-        inside |= (lx >= x0) & (lx <= x1) & (ly >= y0) & (ly <= y1)
-    return inside.reshape(len(angles), len(xs), -1).mean(-1)
-
-
-def block_pose(mask, min_px=1, ignore=None):
-    """T-block pose (B, 3) = (centroid x, centroid y in frame pixels, body angle in rad in [-pi, pi))
-    from block masks (B, H, W); NaN rows where the mask has fewer than min_px pixels.
-
-    Centroid: mean pixel centre of the mask pixels within the T's reach (82 sim units + 1.5 px) of
-    the mask's median, then of their mean (so stray pixels elsewhere in a predicted frame are ignored).
+    Centroid: mean pixel centre of the mask pixels within the T's reach (82 sim units + 1.5 px) of the
+    mask's median, then of their mean (so stray pixels elsewhere in a predicted frame are ignored).
     Angle, in two stages:
     1. moments: the T's symmetry axis is the major principal axis of the mask's second moments
        (variances 1214 vs 718 sim units^2 along / across it), phi = atan2(2 mu11, mu20 - mu02) / 2;
        the flip phi vs phi + pi is resolved by the third moment along the axis, positive toward the
        stem (skewness +0.8: the heavy bar on one side, the long stem on the other). The stem points
        along R(a) (0, 1) = (-sin a, cos a), so a = atan2(-d_x, d_y) for the stem direction d.
-    2. template match: at 64x64 the T is 15 px wide and pixelisation moves the moment axis by up
-       to ~8 degrees, so the angle is refined (+-12 deg in 1.5 deg steps around it and around its
-       flip, then +-1.5 in 0.25) by
-       minimising sum |template area fraction - mask| over the pixels near the T, with the T's
-       centroid held at the mask centroid. Pixels where ignore (B, H, W) is True (the agent, which
-       is drawn on top of the block) are left out of the match."""
+    2. template match: at 64x64 the T is 15 px wide and pixelisation moves the moment axis by up to ~8
+       degrees, so the angle is refined (+-12 deg in 1.5 deg steps around it and around its flip, then
+       +-1.5 in 0.25) by minimising sum |tee_fraction - mask| over the pixels near the T, with the T's
+       centroid held at the mask centroid. Pixels where ignore (B, H, W) is True (the agent, which is
+       drawn on top of the block) are left out of the match."""
     m = np.asarray(mask, bool)
     B, H, W = m.shape
     scale = W / SIM_SIZE
     out = np.full((B, 3), np.nan)
     ys, xs = np.mgrid[0:H, 0:W] + 0.5
-    r = 82 * scale + 1.5  # the T reaches 79.3 sim units from its centroid (stem tip)
-    for i in range(B):
-        if m[i].sum() < max(min_px, 1):
-            continue
+    r = 82 * scale + 1.5  # just beyond TEE_REACH, plus pixelisation
+    for i in np.nonzero(_found(m, 'block'))[0]:
         px, py = xs[m[i]], ys[m[i]]
         # stray pixels (decoder noise that happens to be slate-grey) would pull the moments: keep only
-        # pixels within the T's reach of the median, then of the mean of those
+        # pixels within the T's reach of the median, then of the mean of those (all of them if that
+        # leaves none: the block is found by the count alone, one rule)
         cx, cy = np.median(px), np.median(py)
         for reach in (r + 15 * scale, r):
             keep = (px - cx) ** 2 + (py - cy) ** 2 <= reach ** 2
-            px, py = px[keep], py[keep]
+            if keep.any():
+                px, py = px[keep], py[keep]
             cx, cy = px.mean(), py.mean()
-        if len(px) < max(min_px, 1):
-            continue
         dx, dy = px - cx, py - cy
         mu20, mu02, mu11 = (dx * dx).mean(), (dy * dy).mean(), (dx * dy).mean()
         phi = 0.5 * np.arctan2(2 * mu11, mu20 - mu02)  # major axis direction
@@ -296,16 +311,29 @@ def block_pose(mask, min_px=1, ignore=None):
             cand = a + np.arange(-span, span + 1e-9, step)
             if span > np.radians(2):  # the coarse stage also tries the flipped T, in case the third moment misled
                 cand = np.concatenate([cand, cand + np.pi])
-            cost = np.abs(_tee_fraction(cx, cy, cand, wx, wy, scale, sub) - target[None]).sum(1)
+            poses = pose_from_centroid(np.full_like(cand, cx), np.full_like(cand, cy), cand, W)
+            cost = np.abs(tee_fraction(poses, wx, wy, W, sub) - target[None]).sum(1)
             a = cand[cost.argmin()]
-        out[i] = cx, cy, (a + np.pi) % (2 * np.pi) - np.pi
+        out[i] = cx, cy, a % (2 * np.pi)
     return out
+
+
+def estimate_state(frames):
+    """The Push-T state read from uint8 frames (N, S, S, 3), in gym-pusht's units (the pose convention
+    above): {'agent': (N, 2) agent centre, sim units; 'block': (N, 3) the T's pose (body origin x, y in
+    sim units, angle in [0, 2 pi)), from block_pose's centroid and angle; NaN rows where a thing is not
+    found (min_pixels); 'masks': segment_pusht's masks}."""
+    seg = segment_pusht(frames)
+    S = seg['block'].shape[1]
+    c = block_pose(seg['block'], seg['agent'])
+    return {'agent': _agent_xy(seg['agent']) * (SIM_SIZE / S), 'block': pose_from_centroid(c[:, 0], c[:, 1], c[:, 2], S),
+            'masks': seg}
 
 
 def goal_coverage(block_masks, agent_masks=None):
     """|block & goal| / |goal| per frame (B,), in pixels; the goal mask is geometric (goal_mask). With
-    agent_masks, both counts skip the goal pixels the agent hides (it is drawn on top of the block):
-    the convention of sim_tools.coverage, so the two agree."""
+    agent_masks, both counts skip the goal pixels the agent hides (it is drawn on top of the block), so a
+    T on the goal scores the same wherever the agent stands."""
     m = np.asarray(block_masks, bool)
     g = np.broadcast_to(goal_mask(m.shape[1])[None], m.shape)
     if agent_masks is not None:
@@ -313,73 +341,116 @@ def goal_coverage(block_masks, agent_masks=None):
     return (m & g).reshape(len(m), -1).sum(1) / np.maximum(g.reshape(len(m), -1).sum(1), 1)
 
 
-def min_pixels(size, what):
-    """The pixel count above which the agent / block counts as found in a size x size frame:
-    MIN_FRAC of its area at that scale (64x64: agent 11 px -> 2, block 98 px -> 24)."""
-    area = {'agent': AGENT_AREA, 'block': TEE_AREA}[what] * (size / SIM_SIZE) ** 2
-    return max(1, int(MIN_FRAC * area))
-
-
 def pusht_detectable(frames):
-    """Booleans {'agent', 'block'} (B,): is the thing found in the frame (segment_pusht mask with at
-    least min_pixels pixels)? For stability checks of long rollouts."""
+    """Booleans {'agent', 'block'} (B,): is the thing found in the frame (min_pixels)? For stability
+    checks of long rollouts."""
     seg = segment_pusht(frames)
-    S = seg['block'].shape[1]
-    return {k: seg[k].reshape(len(seg[k]), -1).sum(1) >= min_pixels(S, k) for k in ('agent', 'block')}
-
+    return {k: _found(seg[k], k) for k in ('agent', 'block')}
 
 
 def block_shape_iou(frames):
     """How T-shaped the block still is, per frame (B,): IoU of the block mask with the T drawn at the
     mask's own pose (block_pose); 0 where no block is found. A long rollout can keep a block that is
-    detectable but has melted into a blob: this catches that (rendered frames score ~0.85)."""
+    detectable but has melted into a blob: this catches that (rendered frames score ~0.85). Pixels the
+    agent covers are left out of both masks."""
     seg = segment_pusht(frames)
-    m = seg['block']
+    m, agent = seg['block'], seg['agent']
     S = m.shape[1]
-    pose = block_pose(m, min_pixels(S, 'block'), seg['agent'])
     out = np.zeros(len(m))
-    for i, (cx, cy, a) in enumerate(pose):
-        if np.isnan(cx):
-            continue
-        # body origin = centroid - R(a) (0, 40.71), in sim units
-        ox, oy = cx * SIM_SIZE / S + np.sin(a) * TEE_CENTROID[1], cy * SIM_SIZE / S - np.cos(a) * TEE_CENTROID[1]
-        t = tee_mask(S, ox, oy, a) & ~seg['agent'][i]
-        out[i] = mask_iou(t[None], (m[i] & ~seg['agent'][i])[None])[0]
+    for i, (cx, cy, a) in enumerate(block_pose(m, agent)):
+        if not np.isnan(cx):
+            t = tee_mask(S, pose_from_centroid(cx, cy, a, S)) & ~agent[i]
+            out[i] = mask_iou(t[None], (m[i] & ~agent[i])[None])[0]
     return out
 
+
+# -----------------------------------------------------------------------------
+# Physics errors of a predicted frame against the true one
+
+PHYSICS_KEYS = ('agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px', 'block_angle_err_deg',
+                'coverage_err', 'coverage_pred', 'coverage_true')  # what physics returns
+
+
+def physics(pred_frames, true_frames):
+    """Per-frame physics errors between predicted and true uint8 frames (B, H, W, 3), all (B,), never NaN.
+
+    Segmentation rule (segment_pusht): every pixel is explained as a blend of two reference colours
+    of the renderer and goes to the class of the dominant one (agent RoyalBlue, block
+    LightSlateGray; background, goal LightGreen and walls are nothing); pixels far from every blend
+    are nothing too. The agent and the block count as found by min_pixels (a quarter of their area
+    at that scale), the same rule pusht_detectable and estimate_state apply.
+
+    "agent_err_px": Euclidean distance of the agent centroids in frame pixels. When the agent
+      is found in one frame but not the other (e.g. the model lost it), the error is the image
+      diagonal sqrt(H^2 + W^2); when it is missing in both, 0.
+    "block_iou": IoU of the block masks.
+    "agent_iou": IoU of the agent masks (1 when both are empty).
+    "block_centroid_err_px": distance of the T-block centroids (block_pose); diagonal when the
+      block is found in one frame only, 0 when in neither.
+    "block_angle_err_deg": |angle_diff| of the block angles (block_pose: second moments, third-moment
+      flip, template refinement that skips agent pixels), in [0, 180]; 180 when found in one frame
+      only, 0 in neither.
+    "coverage_pred", "coverage_true": goal_coverage with the frame's agent mask (goal pixels the agent
+      hides are left out of both counts), "coverage_err": |coverage_pred - coverage_true|.
+    """
+    H, W = np.asarray(true_frames).shape[1:3]
+    diag = float(np.hypot(H, W))
+    seg_p, seg_t = segment_pusht(pred_frames), segment_pusht(true_frames)
+
+    def err(p, t, e, worst):  # e where found in both, worst where found in one only, 0 in neither
+        miss_p, miss_t = np.isnan(p[:, 0]), np.isnan(t[:, 0])
+        return np.where(miss_p != miss_t, worst, np.where(miss_p & miss_t, 0.0, e))
+
+    pos_p, pos_t = _agent_xy(seg_p["agent"]), _agent_xy(seg_t["agent"])
+    bp, bt = block_pose(seg_p["block"], seg_p["agent"]), block_pose(seg_t["block"], seg_t["agent"])
+    cov_p, cov_t = goal_coverage(seg_p["block"], seg_p["agent"]), goal_coverage(seg_t["block"], seg_t["agent"])
+    return {"agent_err_px": err(pos_p, pos_t, np.linalg.norm(pos_p - pos_t, axis=1), diag),
+            "block_iou": mask_iou(seg_p["block"], seg_t["block"]),
+            "agent_iou": mask_iou(seg_p["agent"], seg_t["agent"]),
+            "block_centroid_err_px": err(bp, bt, np.linalg.norm(bp[:, :2] - bt[:, :2], axis=1), diag),
+            "block_angle_err_deg": err(bp, bt, np.degrees(np.abs(angle_diff(bp[:, 2], bt[:, 2]))), 180.0),
+            "coverage_pred": cov_p, "coverage_true": cov_t, "coverage_err": np.abs(cov_p - cov_t)}
+
+
+# -----------------------------------------------------------------------------
+# Walking round the T
+
+LO, HI = 20.0, 492.0  # commanded targets stay off the walls (walls at 5 and 506, agent radius 15)
+PATH_CLEAR = 85.0  # a straight path that passes farther than this from the T's centroid misses it (a graze at worst)
+CLEAR = 115.0  # a circle of this radius around the T's centroid clears the T (TEE_REACH 81) and the agent (15)
+
+
+def route_around(start, goal, c):
+    """Waypoints from start to goal (sim units) that go round the T whose centroid is c instead of through
+    it: [goal] when the straight path misses the T (closest approach > PATH_CLEAR) or the goal lies
+    within 45 degrees of the start as seen from c (the last stretch to a contact point next to the T),
+    else points on the circle of radius CLEAR around c, at most 60 degrees apart, then goal. The
+    collector walks the whole list; the Pusher, replanning every step, heads for the first point."""
+    start, goal, c = (np.asarray(v, float) for v in (start, goal, c))
+    d = goal - start
+    t = np.clip(np.dot(c - start, d) / max(np.dot(d, d), 1e-9), 0, 1)
+    a0, a1 = math.atan2(*(start - c)[::-1]), math.atan2(*(goal - c)[::-1])
+    da = float(angle_diff(a1, a0))
+    if np.linalg.norm(start + t * d - c) > PATH_CLEAR or abs(da) < math.pi / 4:
+        return [goal]
+    n = max(1, int(abs(da) // (math.pi / 3)))  # arc points at most 60 degrees apart
+    return [c + CLEAR * np.array([math.cos(a0 + da * k / (n + 1)), math.sin(a0 + da * k / (n + 1))])
+            for k in range(1, n + 1)] + [goal]
 
 
 # -----------------------------------------------------------------------------
 # Push-T collection with a scripted "play" policy
 
-LO, HI = 20.0, 492.0  # keep commanded targets off the walls (walls at 5 and 506, agent radius 15)
-# T in the block's body frame: bar x in [-60, 60], y in [0, 30]; stem x in [-15, 15], y in [30, 120]
-ROT_CONTACTS = [(55.0, 15.0), (-55.0, 15.0), (0.0, 110.0)]  # near the two bar ends and the stem end
-CLEAR = 115.0  # radius around the block's centre that clears the T (max extent 75) plus the agent
 
-
-def _block_centre(env):
-    return np.array(env.block.local_to_world(env.block.center_of_gravity))
-
-
-def _around(start, goal, c, rng, p_skip=0.15):
-    """Waypoints from start to goal that go around the block (centre c) instead of through it."""
-    d = goal - start
-    t = np.clip(np.dot(c - start, d) / max(np.dot(d, d), 1e-9), 0, 1)
-    if np.linalg.norm(start + t * d - c) > 85 or rng.random() < p_skip:  # clear path, or a sloppy "failure"
-        return [goal]
-    a0 = math.atan2(*(start - c)[::-1])
-    a1 = math.atan2(*(goal - c)[::-1])
-    da = (a1 - a0 + math.pi) % (2 * math.pi) - math.pi
-    n = max(1, int(abs(da) // (math.pi / 3)))  # arc points at most 60 degrees apart
-    pts = [c + CLEAR * np.array([math.cos(a0 + da * k / (n + 1)), math.sin(a0 + da * k / (n + 1))])
-           for k in range(1, n + 1)]
-    return pts + [goal]
+def _approach(start, goal, c, rng, p_skip=0.15):
+    # the collector's walk to a contact: round the T, except in a share p_skip of cases (sloppy "failures")
+    return [np.asarray(goal, float)] if rng.random() < p_skip else route_around(start, goal, c)
 
 
 def _new_primitive(env, target, rng):
     """Pick a primitive; return (waypoints, max step per 10 Hz step, max duration in steps, name)."""
-    c = _block_centre(env)
+    pose = env_state(env)[2:]
+    c = tee_centroid(pose)
     speed = float(np.exp(rng.uniform(np.log(4), np.log(30))))  # log-uniform: slow moves are common too
     kind = rng.choice(['push', 'rotate', 'contact', 'free', 'pause'], p=[0.4, 0.3, 0.15, 0.1, 0.05])
     if kind == 'push':
@@ -391,13 +462,13 @@ def _new_primitive(env, target, rng):
             ang = rng.uniform(-math.pi, math.pi)
         d = np.array([math.cos(ang), math.sin(ang)])
         behind = c - d * rng.uniform(95, 120)
-        wps = _around(target, behind, c, rng) + [c + d * rng.uniform(40, 180)]
+        wps = _approach(target, behind, c, rng) + [c + d * rng.uniform(40, 180)]
     elif kind == 'rotate':
         # touch near one end of the bar or stem and push tangentially so the T turns about its centre
-        p = np.array(env.block.local_to_world(ROT_CONTACTS[rng.integers(3)]))
+        p = body_to_world(pose, CONTACTS[rng.integers(3)])
         r = p - c
         tang = np.array([-r[1], r[0]]) / (np.linalg.norm(r) + 1e-9) * rng.choice([-1.0, 1.0])
-        wps = _around(target, p - tang * 40, c, rng) + [p + tang * rng.uniform(40, 120)]
+        wps = _approach(target, p - tang * 40, c, rng) + [p + tang * rng.uniform(40, 120)]
     elif kind == 'contact':
         wps = [c + rng.normal(0, 40, 2) for _ in range(rng.integers(1, 3))]
     elif kind == 'free':
@@ -421,13 +492,8 @@ def _new_primitive(env, target, rng):
 def _collect_episode(args):
     """One Push-T episode; depends only on (seed + index), so results do not depend on the worker count."""
     index, seed, episode_len, image_size = args
-    os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')  # headless: pygame never opens a window
-    os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
-    from gym_pusht.envs.pusht import PushTEnv
-
     rng = np.random.default_rng(seed + index)
-    env = PushTEnv(obs_type='pixels', render_mode='rgb_array',
-                   observation_width=image_size, observation_height=image_size)
+    env = make_env(image_size)
     obs, _ = env.reset(seed=int(rng.integers(2 ** 31)))  # the env's own random start state
     frames = np.empty((episode_len, image_size, image_size, 3), np.uint8)
     actions = np.empty((episode_len, 2), np.float32)
@@ -436,7 +502,7 @@ def _collect_episode(args):
     wps, speed, steps_left = [], 0.0, 0
     for i in range(episode_len):
         frames[i] = obs
-        states[i] = [*env.agent.position, *env.block.position, env.block.angle % (2 * math.pi)]
+        states[i] = env_state(env)
         if steps_left <= 0 or (not wps and speed > 0):
             wps, speed, steps_left, _ = _new_primitive(env, target, rng)
         steps_left -= 1
@@ -485,96 +551,25 @@ def generate_pusht(out_dir, num_episodes, episode_len, image_size, num_workers=2
     try:
         from importlib.metadata import version
         src_version = version('gym_pusht')
-    except Exception:
+    except Exception:  # not installed as a distribution (e.g. a source checkout): the data still says where it is from
         src_version = 'unknown'
     meta = dict(fps=10, image_size=image_size, action_dim=2, action_low=[0.0, 0.0], action_high=[512.0, 512.0],
                 source=f"gym_pusht {src_version} PushT-v0, scripted play policy (pusht.py)",
                 image_point_dims=[0, 1],  # the action is the agent's target, a point in the image (x, y)
                 num_episodes=num_episodes, episode_len=episode_len, seed=seed)
     D.write_dataset(out_dir, [r[0] for r in results], [r[1] for r in results], meta,
-                  states_list=[r[2] for r in results], overwrite=overwrite)
+                    states_list=[r[2] for r in results], overwrite=overwrite)
 
 
+def is_pusht(meta):
+    """Is a dataset (its meta.json) gym-pusht's: 2-d actions that are an image point (image_point_dims
+    [0, 1]) and a source that names gym_pusht (the collector's, and what record_demos writes)?"""
+    return (meta.get('image_point_dims') == [0, 1] and meta.get('action_dim', 2) == 2
+            and 'gym_pusht' in str(meta.get('source', '')))
 
 
-# Push-T geometry (gym_pusht add_tee, scale 30), in the block's body frame; y is not flipped on screen
-BAR = (-60.0, 60.0, 0.0, 30.0)  # x0, x1, y0, y1
-STEM = (-15.0, 15.0, 30.0, 120.0)
-T_CY = (3600 * 15.0 + 2700 * 75.0) / 6300  # area centroid on the body y axis (bar area 3600, stem 2700)
-GOAL_POSE = (256.0, 256.0, math.pi / 4)  # gym_pusht's fixed goal (x, y, angle)
-WORLD = 512.0
-
-
-def _axis(theta):
-    # the body +y axis (bar -> stem end) in the world
-    return np.array([-math.sin(theta), math.cos(theta)])
-
-
-def t_centroid(pose):
-    """Area centroid of the T at pose (x, y, angle) in world units."""
-    return np.array(pose[:2], float) + T_CY * _axis(pose[2])
-
-
-def t_mask(pose, S, sub=4):
-    """Fraction (S, S) of each pixel covered by the T at pose, from sub x sub samples per pixel."""
-    g = (np.arange(S * sub) + 0.5) / (S * sub) * WORLD
-    X, Y = np.meshgrid(g, g)  # (rows = y, cols = x)
-    c, s = math.cos(pose[2]), math.sin(pose[2])
-    dx, dy = X - pose[0], Y - pose[1]
-    bx, by = c * dx + s * dy, -s * dx + c * dy  # world -> body frame (rotate by -angle)
-    inside = np.zeros_like(bx, bool)
-    for x0, x1, y0, y1 in (BAR, STEM):
-        inside |= (bx >= x0) & (bx <= x1) & (by >= y0) & (by <= y1)
-    return inside.reshape(S, sub, S, sub).mean((1, 3))
-
-
-def goal_mask(S):
-    """Pixels (S, S) of the goal T (drawn LightGreen at GOAL_POSE): half or more covered."""
-    return t_mask(GOAL_POSE, S) >= 0.5
-
-
-def estimate_state(frames):
-    """Push-T state read from uint8 frames (N, S, S, 3), in world units (0..512, y down):
-    {'agent': (N, 2), 'block': (N, 3) body origin x, y and angle in [0, 2pi), NaN where not found,
-     'masks': segment_pusht's masks}."""
-    frames = np.asarray(frames)
-    N, S = len(frames), frames.shape[1]
-    m = segment_pusht(frames)
-    k = WORLD / S
-    agent, block = np.full((N, 2), np.nan), np.full((N, 3), np.nan)
-    rows, cols = np.mgrid[0:S, 0:S]
-    min_px = 0.25 * 6300 / k ** 2  # a quarter of the T's area: less is too little to measure a pose
-    for i in range(N):
-        if m['agent'][i].any():
-            agent[i] = (cols[m['agent'][i]].mean() + 0.5) * k, (rows[m['agent'][i]].mean() + 0.5) * k
-        b = m['block'][i]
-        if b.sum() < min_px:
-            continue
-        p = np.stack([cols[b] + 0.5, rows[b] + 0.5], 1) * k
-        c = p.mean(0)
-        q = p - c
-        w, v = np.linalg.eigh(q.T @ q / len(q))
-        u = v[:, 1]  # the long axis: the stem direction (variance ~1214 vs ~718 across)
-        if np.mean((q @ u) ** 3) < 0:  # the tail is at the stem's end: make u point bar -> stem
-            u = -u
-        theta = math.atan2(-u[0], u[1]) % (2 * math.pi)
-        block[i] = *(c - T_CY * u), theta
-    return {'agent': agent, 'block': block, 'masks': m}
-
-
-def coverage(masks, goal):
-    """Share (N,) of the goal T's pixels covered by the block mask, counted on the pixels the agent
-    does not hide (the agent is drawn on top of both)."""
-    seen = goal[None] & ~masks['agent']
-    return (masks['block'] & seen).sum((1, 2)) / np.maximum(seen.sum((1, 2)), 1)
-
-
-def angle_diff(a, b):
-    """a - b wrapped to [-pi, pi)."""
-    return (np.asarray(a) - np.asarray(b) + np.pi) % (2 * np.pi) - np.pi
-
-
-# ---------------------------------------------------------------------------- scripted Push-T policies
+# -----------------------------------------------------------------------------
+# Scripted Push-T policies
 # Each acts for n environments at once from estimated states (NaN where a frame showed nothing).
 # A policy remembers the target it last commanded (the agent follows it with a PD controller).
 
@@ -589,6 +584,7 @@ class Hold:
             self.target = np.where(np.isnan(agent), 256.0, agent).clip(LO, HI)
 
     def act(self, agent, block):
+        """Actions (n, 2) from the estimated agent positions (n, 2) and T poses (n, 3)."""
         self._start(agent)
         return self.target.copy()
 
@@ -601,6 +597,7 @@ class RandomWalk(Hold):
         self.speed, self.wp = speed, None
 
     def act(self, agent, block):
+        """One step toward each environment's waypoint; a new waypoint once it is reached."""
         self._start(agent)
         if self.wp is None:
             self.wp = self.rng.uniform(LO, HI, (self.n, 2))
@@ -616,25 +613,24 @@ class Pusher(Hold):
     """A pushing heuristic that drives the T toward the goal pose: push the T's centre straight toward
     the goal's centre until it is within 40 units, then, while the angle is off by more than `rot_tol`,
     push tangentially at an end of the bar or stem (turns the T about its centre; the end whose push
-    also helps the translation), else finish the translation. Walks to each contact around the T,
-    not through it. `speed` = max target motion per step, `noise` = std of Gaussian noise on every
-    action, `rotate=False` only translates."""
+    also helps the translation), else finish the translation. Walks to each contact round the T
+    (route_around), not through it. `speed` = max target motion per step, `noise` = std of Gaussian
+    noise on every action, `rotate=False` only translates."""
 
     def __init__(self, n, seed=0, speed=20.0, noise=0.0, rotate=True, rot_tol=0.3, pos_tol=8.0):
         super().__init__(n, seed)
         self.speed, self.noise, self.rotate, self.rot_tol, self.pos_tol = speed, noise, rotate, rot_tol, pos_tol
         self.push_end = [None] * n  # in a push: where the push ends
 
-    def _plan(self, block):
+    def _plan(self, pose):
         """Pre-contact point and push (direction, length) for one T pose, or None when at the goal."""
-        c = t_centroid(block)
-        dth = float(angle_diff(GOAL_POSE[2], block[2]))
-        d = t_centroid(GOAL_POSE) - c
+        c = tee_centroid(pose)
+        dth = float(angle_diff(GOAL_POSE[2], pose[2]))
+        d = tee_centroid(GOAL_POSE) - c
         dist = float(np.linalg.norm(d))
         if self.rotate and abs(dth) > self.rot_tol and dist < 40:  # near the goal: turn it
             plans = []
-            for p in ((55.0, 15.0), (-55.0, 15.0), (0.0, 110.0)):  # the bar's ends and the stem's end
-                p = np.array(block[:2]) + _rot(block[2]) @ np.array(p)
+            for p in body_to_world(pose, CONTACTS):
                 r = p - c
                 t = math.copysign(1.0, dth) * np.array([-r[1], r[0]]) / np.linalg.norm(r)  # torque sign = sign(dth)
                 pre = p - t * 35  # the contact is inside the T: start clear of it
@@ -647,15 +643,13 @@ class Pusher(Hold):
         u = d / dist
         # where the line through the centre leaves the T behind it: the contact point
         h = np.arange(0.0, 130.0, 2.0)
-        pts = c - u * h[:, None]
-        b = (pts - np.array(block[:2])) @ _rot(block[2])  # world -> body frame
-        inside = np.zeros(len(h), bool)
-        for x0, x1, y0, y1 in (BAR, STEM):
-            inside |= (b[:, 0] >= x0) & (b[:, 0] <= x1) & (b[:, 1] >= y0) & (b[:, 1] <= y1)
+        b = world_to_body(pose, c - u * h[:, None])
+        inside = inside_tee(b[:, 0], b[:, 1])
         back = float(h[inside].max()) if inside.any() else 0.0
         return c - u * (back + 25), u, min(dist, 60.0) + 10
 
     def act(self, agent, block):
+        """Per environment: walk toward the next pre-contact point (replanned every step), then push through."""
         self._start(agent)
         for i in range(self.n):
             if self.push_end[i] is None:  # walking to the next contact (replanned every step)
@@ -670,7 +664,7 @@ class Pusher(Hold):
                     self.target[i] = pre
                     self.push_end[i] = (pre + u * length).clip(LO, HI)
                 else:
-                    wp = _detour(self.target[i], pre, t_centroid(block[i]))
+                    wp = route_around(self.target[i], pre, tee_centroid(block[i]))[0]
                     self.target[i] = self._toward(self.target[i], np.clip(wp, LO, HI))
             else:  # pushing through
                 self.target[i] = self._toward(self.target[i], self.push_end[i])
@@ -680,27 +674,10 @@ class Pusher(Hold):
         return a.clip(LO, HI)
 
     def _toward(self, x, goal):
+        """x moved toward goal by at most speed."""
         d = goal - x
         dist = np.linalg.norm(d)
         return goal.copy() if dist <= self.speed else x + d / dist * self.speed
-
-
-def _detour(start, goal, c, clear=115.0):
-    """Next waypoint from start to goal around the T (centre c): straight when the path misses the T
-    or the goal is within 45 degrees around it, else 60 degrees further round on a circle that clears it."""
-    d = goal - start
-    t = np.clip(np.dot(c - start, d) / max(np.dot(d, d), 1e-9), 0, 1)
-    a0, a1 = math.atan2(*(start - c)[::-1]), math.atan2(*(goal - c)[::-1])
-    da = (a1 - a0 + math.pi) % (2 * math.pi) - math.pi
-    if np.linalg.norm(start + t * d - c) > 85 or abs(da) < math.pi / 4:
-        return goal
-    a = a0 + math.copysign(min(abs(da), math.pi / 3), da)
-    return c + clear * np.array([math.cos(a), math.sin(a)])
-
-
-def _rot(theta):
-    c, s = math.cos(theta), math.sin(theta)
-    return np.array([[c, -s], [s, c]])
 
 
 # name -> constructor(n, seed); roughly best to worst
@@ -715,26 +692,20 @@ POLICIES = {
 }
 
 
-# ---------------------------------------------------------------------------- policy evaluation
+# -----------------------------------------------------------------------------
+# Policy evaluation: gym-pusht vs the world model
 
 def sample_states(n, seed=0):
-    """Start states [agent_x, agent_y, block_x, block_y, block_angle] (gym_pusht reset_to_state):
-    the T anywhere in the middle of the table at any angle, the agent clear of it."""
+    """Start states [agent_x, agent_y, block_x, block_y, block_angle] (gym_pusht reset_to_state): the T
+    anywhere in the middle of the table at any angle, the agent clear of it (CLEAR from its centroid)."""
     rng = np.random.default_rng(seed)
     out = []
     while len(out) < n:
         b = [*rng.uniform(150, 362, 2), rng.uniform(0, 2 * math.pi)]
         a = rng.uniform(60, 452, 2)
-        if np.linalg.norm(a - t_centroid(b)) > 110:  # reset_to_state does not resolve overlaps
+        if np.linalg.norm(a - tee_centroid(b)) > CLEAR:  # reset_to_state does not resolve overlaps
             out.append([*a, *b])
     return np.array(out)
-
-
-def make_env(S):
-    os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')  # headless: pygame never opens a window
-    os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
-    from gym_pusht.envs.pusht import PushTEnv
-    return PushTEnv(obs_type='pixels', render_mode='rgb_array', observation_width=S, observation_height=S)
 
 
 def run_policies(names, first, steps, step_fn, seed=0, on_step=None):
@@ -768,11 +739,11 @@ class RealSim:
         self.first = np.stack([e.reset(options={'reset_to_state': list(map(float, s))})[0] for e, s in zip(self.envs, states)])
 
     def truth(self):
-        """(N, 5) true agent and block pose (block body origin, as estimate_state reports it), and the env's coverage."""
-        st = np.array([[*e.agent.position, *e.block.position, e.block.angle % (2 * math.pi)] for e in self.envs])
-        return st, np.array([e._get_coverage() for e in self.envs])
+        """(N, 5) true states (env_state) and (N,) the env's own coverage (polygon areas)."""
+        return np.stack([env_state(e) for e in self.envs]), np.array([e._get_coverage() for e in self.envs])
 
     def step(self, actions):
+        """One step of every environment; the new frames (N, S, S, 3)."""
         return np.stack([e.step(np.asarray(a, np.float64))[0] for e, a in zip(self.envs, actions)])
 
 
@@ -780,13 +751,16 @@ DEFAULT_POLICIES = 'push,push_noisy,push_very_noisy,push_slow,random_walk,hold'
 
 
 def _require_pusht(ck):
+    # the scripted policies act in gym-pusht's action space and are scored on its renderer's frames
     meta = ck['data']['meta']
-    if ck['action_dim'] != 2 or 'pusht' not in str(meta.get('source', '')).lower().replace('-', '').replace('_', ''):
+    if ck['action_dim'] != 2 or not is_pusht(meta):
         raise SystemExit(f"the scripted policies and the coverage score are Push-T's; this checkpoint's data is "
-                         f"{meta.get('source')!r} with {ck['action_dim']}-d actions")
+                         f"{meta.get('source')!r} with {ck['action_dim']}-d actions and image_point_dims "
+                         f"{meta.get('image_point_dims')} (pusht.is_pusht)")
 
 
 def _policy_names(spec):
+    """The policies named in a comma list ('' = DEFAULT_POLICIES); unknown names stop the run."""
     names = [p.strip() for p in (spec or DEFAULT_POLICIES).split(',') if p.strip()]
     bad = [p for p in names if p not in POLICIES]
     if bad or not names:
@@ -814,6 +788,7 @@ def pearson(x, y):
 
 
 def spearman(x, y):
+    """Spearman's rank correlation (Pearson r of the average ranks), None when undefined."""
     return pearson(_ranks(x), _ranks(y))
 
 
@@ -861,7 +836,6 @@ def policy_eval(cfg):
     S, E, H, thr = ck['data']['image_size'], cfg['num_states'], cfg['steps'], cfg['success_threshold']
     names = _policy_names(cfg['policies'])
     P = len(names)
-    goal = goal_mask(S)
     states = sample_states(E, cfg['seed'])
     print(f"policy evaluation: {P} policies x {E} start states x {H} steps at {S}x{S}, success = pixel coverage > {thr}")
 
@@ -870,7 +844,7 @@ def policy_eval(cfg):
     first = real.first[:E]
     err = []  # the estimator against the env's internals, every step of the real runs
 
-    def check(t, frames, est):
+    def check(t, frames, est):  # on_step hook: the estimate of every real frame against the env's state
         truth, _ = real.truth()
         err.append(np.stack([np.linalg.norm(est['agent'] - truth[:, :2], axis=1),
                              np.linalg.norm(est['block'][:, :2] - truth[:, 2:4], axis=1),
@@ -885,15 +859,16 @@ def policy_eval(cfg):
     sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     sim.reset(np.concatenate([first] * P))  # all policies x states in one batch: one model call per step
 
-    def progress(t, frames, est):
+    def progress(t, frames, est):  # on_step hook: the model is slow on a CPU, so say where it is
         if t and (t % 10 == 0 or t == H):
             print(f"world model: step {t}/{H}, {time.time() - t0:.0f} s", flush=True)
 
     fr_model, _, _, est_model = run_policies(names, first, H, sim.step, cfg['seed'], on_step=progress)
     t_model = time.time() - t0
 
-    cov_r, cov_m = coverage(est_real['masks'], goal).reshape(P, E), coverage(est_model['masks'], goal).reshape(P, E)
-    cov0 = coverage(estimate_state(first)['masks'], goal)
+    cov = lambda masks: goal_coverage(masks['block'], masks['agent'])
+    cov_r, cov_m = cov(est_real['masks']).reshape(P, E), cov(est_model['masks']).reshape(P, E)
+    cov0 = cov(segment_pusht(first))
     rows = []
     for k, name in enumerate(names):
         rows.append({'policy': name, 'real_coverage': float(cov_r[k].mean()), 'model_coverage': float(cov_m[k].mean()),
@@ -965,9 +940,11 @@ def record_demos(cfg):
     _, acts, _, _ = run_policies([name], first, H, sim.step, cfg['seed'], on_step=lambda t, f, e: frames.append(f))
     frames = np.stack(frames, 1)  # (n, H+1, S, S, 3)
     acts = np.concatenate([acts, acts[:, -1:]], 1)  # the last frame's action has no next frame: repeat the last
-    meta = {k: ck['data']['meta'][k] for k in ('fps', 'action_low', 'action_high')}
-    meta.update(source=f"world model {os.path.abspath(cfg['ckpt'])}, scripted Push-T policy {name!r} (pusht.py --mode=record_demos)",
-                policy=name, steps=H, seed=cfg['seed'])
+    src = ck['data']['meta']
+    meta = {k: src[k] for k in ('fps', 'action_low', 'action_high', 'image_point_dims')}  # _require_pusht: all there
+    # the source names the model's own data (gym_pusht's), so is_pusht holds for the demos too
+    meta.update(source=f"scripted Push-T policy {name!r} inside the world model {os.path.abspath(cfg['ckpt'])} "
+                       f"(pusht.py --mode=record_demos), trained on: {src['source']}", policy=name, steps=H, seed=cfg['seed'])
     D.write_dataset(cfg['record_dir'], list(frames), list(acts), meta)
     print(f"{n} episodes x {H + 1} frames recorded inside the model with policy {name!r} in {time.time() - t0:.0f} s; "
           f"wrote {cfg['record_dir']}")
@@ -984,7 +961,7 @@ overwrite = False  # replace an existing non-empty data_dir
 # policy_eval / record_demos
 num_states = 20  # policy_eval: start states, the same for every policy, in gym-pusht and in the model
 steps = 60  # steps per policy episode
-policies = ''  # policy_eval: comma list of POLICIES; '' = the default six
+policies = ''  # policy_eval: comma list of POLICIES; '' = DEFAULT_POLICIES
 success_threshold = 0.9  # pixel goal coverage that counts as success (~0.87 of the env's own polygon coverage)
 demo_policy = 'push'  # record_demos: the scripted policy that stands in for a human
 record_dir = 'out/demos'  # record_demos: the dataset folder written
@@ -994,10 +971,15 @@ EVAL_KEYS = ('agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px', 
 
 def evaluate(cfg):
     """rollout.py's open-loop evaluation with the physics read from the frames added to every row."""
+    meta = load_checkpoint(cfg['ckpt'], expect_kind='dynamics')['data']['meta']
+    if not is_pusht(meta):  # physics() reads gym-pusht's colours: on other frames its numbers mean little
+        print(f"note: this checkpoint's data ({meta.get('source')!r}) is not gym-pusht's (pusht.is_pusht); "
+              f"the physics scores assume gym-pusht's renderer")
     return rollout.main(cfg, physics, EVAL_KEYS, PANELS)
 
 
 def main(cfg):
+    """Run the mode cfg['mode'] names (the top of the file lists them)."""
     if cfg['mode'] == 'collect':
         if cfg['num_episodes'] < 1 or not cfg['data_dir']:
             raise SystemExit("collect needs --data_dir=NEW_FOLDER and --num_episodes >= 1")

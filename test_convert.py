@@ -1,42 +1,27 @@
 """
-test_convert.py: the converters and concatenation (convert.py), on sources written inside the tests.
+test_convert.py: the converters, the stride rule and concatenation (convert.py), on sources written inside
+the tests, and the own-data path end to end (convert -> both stages with config/*_own_cpu.py -> rollout).
 
     python -m pytest -q test_convert.py
 """
 import io
 import json
-import math
 import os
-import random
-import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from fractions import Fraction
 
 import numpy as np
 import pytest
-import torch
 
-import bench
 import common
+import convert
 import data
-import metrics
-import metrics as Mx
-import model as M
-import rollout
 
-from common import config_from_globals
-from test_smoke import ROOT, ABAR, TINY_AE, TINY_DYN, _randomize, _run, _tiny_nets
+from test_smoke import ROOT, TINY_AE, TINY_DYN, _run
 
 
-# ---------------------------------------------------------------------- converters (data.py --convert)
+# ---------------------------------------------------------------------- converters (python convert.py --format=...)
 
 
 LOSSY_MAE = 10.0  # mean abs error in 0..255 allowed for JPEG / mp4 round trips
@@ -98,18 +83,22 @@ def test_convert_zarr(tmp_path, zarr_format):
     _conv_zarr_put(root, 'data/state', np.concatenate(states))
     _conv_zarr_put(root, 'meta/episode_ends', np.cumsum(lengths).astype(np.int64))
 
-    data.convert('zarr', src, str(tmp_path / 'out'), image_size=16, fps=10)
+    convert.convert('zarr', src, str(tmp_path / 'out'), image_size=16, fps=10)
     d = _conv_check(tmp_path / 'out', frames, actions)
     assert np.array_equal(d['states'], np.concatenate(states))
     assert d['meta']['fps'] == 10 and 'zarr' in d['meta']['source'] and src in d['meta']['source']
 
-    # stride 2: frames 0, 2, 4... of each episode with their actions, fps halved
-    data.convert('zarr', src, str(tmp_path / 's2'), image_size=16, fps=10, stride=2, action_dims=(1,))
-    d = _conv_check(tmp_path / 's2', [f[::2] for f in frames], [a[::2, 1:] for a in actions])
-    assert d['meta']['fps'] == 5 and d['meta']['action_dim'] == 1
+    # stride 2, absolute targets: frames 0, 2, 4... of each episode, each with the last command of its
+    # interval (the episode's last frame: its last command), fps halved; states stay with their frames
+    convert.convert('zarr', src, str(tmp_path / 's2'), image_size=16, fps=10, stride=2, action_kind='absolute',
+                    action_dims=(1,))
+    last = [[1, 3, 4], [1, 3, 5, 6], [1, 3]]  # lengths 5, 7, 4
+    d = _conv_check(tmp_path / 's2', [f[::2] for f in frames], [a[i, 1:] for a, i in zip(actions, last)])
+    assert np.array_equal(d['states'], np.concatenate([s[::2] for s in states]))
+    assert d['meta']['fps'] == 5 and d['meta']['action_dim'] == 1 and d['meta']['action_kind'] == 'absolute'
 
     with pytest.raises(data.DatasetError, match='--fps'):  # zarr does not record its frame rate
-        data.convert('zarr', src, str(tmp_path / 'nofps'), image_size=16)
+        convert.convert('zarr', src, str(tmp_path / 'nofps'), image_size=16)
 
 
 def _conv_jpeg_rows(frames):
@@ -158,8 +147,8 @@ def test_convert_hdf5(tmp_path, jpeg):
         _conv_write_aloha(str(src / f'{name}.hdf5'), frames[k], actions[k], qpos[k], jpeg=jpeg)
 
     with pytest.raises(data.DatasetError, match='several cameras'):  # two views: the user picks one
-        data.convert('hdf5', str(src), str(tmp_path / 'x'), image_size=16, fps=50)
-    data.convert('hdf5', str(src), str(tmp_path / 'out'), camera='top', image_size=16, fps=50)
+        convert.convert('hdf5', str(src), str(tmp_path / 'x'), image_size=16, fps=50)
+    convert.convert('hdf5', str(src), str(tmp_path / 'out'), camera='top', image_size=16, fps=50)
     d = _conv_check(tmp_path / 'out', frames, actions, lossy=jpeg)
     assert np.array_equal(d['states'], np.concatenate(qpos))
     assert d['meta']['camera'] == 'top' and d['meta']['fps'] == 50
@@ -178,7 +167,7 @@ def test_convert_hdf5_bad_episode(tmp_path):
         _conv_write_aloha(str(src / f'episode_{k}.hdf5'), _conv_frames(T, 16, 16, k), acts,
                           _conv_actions(T, 3, k), cams=('top',))
     with pytest.raises(data.DatasetError, match=r'episode_1\.hdf5.*5 frames but 4 actions'):
-        data.convert('hdf5', str(src), str(tmp_path / 'out'), image_size=16, fps=50)
+        convert.convert('hdf5', str(src), str(tmp_path / 'out'), image_size=16, fps=50)
     assert not os.path.exists(tmp_path / 'out')  # nothing half-written
     assert [p for p in os.listdir(tmp_path) if p.startswith('.')] == []  # no temp or spool folders left
 
@@ -256,7 +245,7 @@ def test_convert_lerobot_v2(tmp_path):
         _conv_write_mp4(str(src / f'videos/chunk-000/{cam}/episode_{k:06d}.mp4'), frames[k], fps)
         start += T
 
-    data.convert('lerobot', str(src), str(tmp_path / 'out'), camera='top', image_size=32)
+    convert.convert('lerobot', str(src), str(tmp_path / 'out'), camera='top', image_size=32)
     d = _conv_check(tmp_path / 'out', frames, actions, lossy=True)
     assert np.allclose(d['states'], np.concatenate(states))
     assert d['meta']['fps'] == fps and d['meta']['camera'] == cam
@@ -293,7 +282,7 @@ def test_convert_lerobot_v3(tmp_path):
         f'videos/{cam}/to_timestamp': pa.array(ends / fps),
     }), str(src / 'meta/episodes/chunk-000/file-000.parquet'))
 
-    data.convert('lerobot', str(src), str(tmp_path / 'out'), image_size=32)  # one camera: no --camera needed
+    convert.convert('lerobot', str(src), str(tmp_path / 'out'), image_size=32)  # one camera: no --camera needed
     d = _conv_check(tmp_path / 'out', frames, actions, lossy=True)
     assert np.allclose(d['states'], np.concatenate(states))
     # each episode got its own stretch of the shared video: frame-exact, a one-frame shift would show
@@ -303,8 +292,9 @@ def test_convert_lerobot_v3(tmp_path):
         assert np.abs(got - video[s:e]).mean() < LOSSY_MAE
         shifted = video[s + 1:e + 1] if e < len(video) else video[s - 1:e - 1]
         assert np.abs(got[:len(shifted)] - shifted).mean() > 2 * LOSSY_MAE
-    data.convert('lerobot', str(src), str(tmp_path / 's3'), image_size=32, stride=3)
-    _conv_check(tmp_path / 's3', [f[::3] for f in frames], [a[::3] for a in actions], lossy=True)
+    convert.convert('lerobot', str(src), str(tmp_path / 's3'), image_size=32, stride=3, action_kind='absolute')
+    last = [[2, 4], [2, 5, 6], [2, 3]]  # lengths 5, 7, 4: the last command of each 3-frame interval
+    _conv_check(tmp_path / 's3', [f[::3] for f in frames], [a[i] for a, i in zip(actions, last)], lossy=True)
 
 
 def _conv_write_folder(root, k, frames, actions, header=None):
@@ -325,10 +315,13 @@ def test_convert_folder(tmp_path):
     actions = [_conv_actions(T, 3, k) for k, T in enumerate(lengths)]
     for k in range(2):
         _conv_write_folder(src, k, frames[k], actions[k], header=['x', 'y', 'grip'])
-    data.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15, stride=2, action_keys='grip,x')
-    _conv_check(tmp_path / 'out', [f[::2, :, 4:20] for f in frames], [a[::2][:, [2, 0]] for a in actions])
+    convert.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15, stride=2, action_kind='delta',
+                    action_keys='grip,x')
+    a0, a1 = actions[0][:, [2, 0]], actions[1][:, [2, 0]]  # delta: each pair of commands summed, the
+    sums = [a0[0::2] + a0[1::2], np.concatenate([a1[0:4:2] + a1[1:4:2], a1[4:5]])]  # 5th frame's alone
+    _conv_check(tmp_path / 'out', [f[::2, :, 4:20] for f in frames], sums)
     d = data.load_dataset(str(tmp_path / 'out'))
-    assert d['meta']['fps'] == 7.5 and d['meta']['stride'] == 2
+    assert d['meta']['fps'] == 7.5 and d['meta']['stride'] == 2 and d['meta']['action_kind'] == 'delta'
 
 
 def test_convert_folder_bad_and_skip(tmp_path):
@@ -339,11 +332,11 @@ def test_convert_folder_bad_and_skip(tmp_path):
         _conv_write_folder(src, k, frames[k], actions[k])
     (src / 'ep1' / '2.png').write_bytes(b'not a png at all')  # a corrupt frame in episode 1
     with pytest.raises(data.DatasetError, match=r'ep1 \(episode 1\).*2\.png.*undecodable'):
-        data.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15)
+        convert.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15)
     assert not os.path.exists(tmp_path / 'out')
 
     with pytest.warns(UserWarning, match=r'skipping .*ep1'):
-        r = data.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15, skip_bad=True)
+        r = convert.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15, skip_bad=True)
     assert r['episodes'] == 2 and len(r['skipped']) == 1
     d = _conv_check(tmp_path / 'out', [frames[0], frames[2]], [actions[0], actions[2]])
     assert d['meta']['skipped_episodes'] == r['skipped']
@@ -353,20 +346,257 @@ def test_convert_folder_bad_and_skip(tmp_path):
     actions[2][3, 1] = np.nan  # NaN action: named with its frame
     (src / 'ep2' / 'actions.csv').write_text('\n'.join(','.join(repr(float(x)) for x in r) for r in actions[2]))
     with pytest.raises(data.DatasetError, match=r'ep2 \(episode 2\).*NaN or Inf action at frame 3'):
-        data.convert('folder', str(src), str(tmp_path / 'out2'), image_size=16, fps=15, skip_bad=False)
+        convert.convert('folder', str(src), str(tmp_path / 'out2'), image_size=16, fps=15, skip_bad=False)
 
 
 def test_convert_cli(tmp_path):
-    """The command line: python data.py --convert=folder ...; errors exit non-zero with the message."""
+    """The command line: python convert.py --format=folder ...; errors exit non-zero with the message."""
     src = tmp_path / 'eps'
     frames = [_conv_frames(3, 8, 8, k) for k in range(2)]
     actions = [_conv_actions(3, 2, k) for k in range(2)]
     for k in range(2):
         _conv_write_folder(src, k, frames[k], actions[k])
     out = tmp_path / 'out'
-    cmd = [sys.executable, 'data.py', '--convert=folder', f'--src={src}', f'--out_dir={out}', '--image_size=8']
+    cmd = [sys.executable, 'convert.py', '--format=folder', f'--src={src}', f'--out_dir={out}', '--image_size=8']
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and '--fps' in r.stderr  # folders do not record their frame rate
+    r = subprocess.run(cmd + ['--fps=20', '--stride=2'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "--action_kind: 'absolute'" in r.stderr and "'delta'" in r.stderr
+    r = subprocess.run(cmd + ['--fps=20', '--action_dims=1', '--image_point_dims=1,0', '--image_point_range=-2,5'],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and 'image_point_dims [1, 0]' in r.stderr  # 1 column kept: there is no column 1
+    assert not os.path.exists(out)
     r = subprocess.run(cmd + ['--fps=20', '--action_dims=1'], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     _conv_check(out, frames, [a[:, 1:] for a in actions])
+
+
+# ---------------------------------------------------------------------- the stride rule
+
+
+def _sim_episode(T, kinds, rng):
+    """A point moved by its commands, per column: p[t+1] = a[t] (absolute: a target) or p[t] + a[t] (delta:
+    a change). Returns the positions p[0..T], one past the episode's last frame, and the commands a[0..T-1]."""
+    p, a = np.zeros((T + 1, len(kinds))), np.zeros((T, len(kinds)))
+    p[0] = rng.uniform(-1, 1, len(kinds))
+    for t in range(T):
+        for c, kind in enumerate(kinds):
+            a[t, c] = rng.uniform(-3, 3) if kind == 'absolute' else rng.uniform(-1, 1)
+            p[t + 1, c] = a[t, c] if kind == 'absolute' else p[t, c] + a[t, c]
+    return p, a.astype(np.float32)
+
+
+@pytest.mark.parametrize('kinds', [('absolute', 'absolute'), ('delta', 'delta'), ('delta', 'absolute')])
+def test_stride_keeps_the_alignment(tmp_path, kinds):
+    """After --stride=3 the data still obeys data.py's alignment: action[j] is what leads from kept frame j
+    to kept frame j+1 (checked through the positions, stored as states, by the law that made them: not by
+    the converter's formula); the last kept frame's action leads where the episode's last command led."""
+    zarr = pytest.importorskip('zarr')
+    rng = np.random.default_rng(0)
+    lengths = [11, 7, 9]  # last intervals of 2 (cut), 1 (cut) and 3 (whole) frames
+    sims = [_sim_episode(T, kinds, rng) for T in lengths]
+    src = str(tmp_path / 'sim.zarr')
+    root = zarr.open_group(src, mode='w')
+    _conv_zarr_put(root, 'data/img', np.concatenate([_conv_frames(T, 8, 8, k) for k, T in enumerate(lengths)]))
+    _conv_zarr_put(root, 'data/action', np.concatenate([a for _, a in sims]))
+    _conv_zarr_put(root, 'data/state', np.concatenate([p[:-1] for p, _ in sims]).astype(np.float32))
+    _conv_zarr_put(root, 'meta/episode_ends', np.cumsum(lengths).astype(np.int64))
+
+    kind = kinds[0] if len(set(kinds)) == 1 else ','.join(kinds)
+    convert.convert('zarr', src, str(tmp_path / 'out'), image_size=8, fps=30, stride=3, action_kind=kind)
+    d = data.load_dataset(str(tmp_path / 'out'))
+    assert d['meta']['fps'] == 10 and d['meta']['stride'] == 3
+    assert d['meta']['action_kind'] == (kinds[0] if len(set(kinds)) == 1 else list(kinds))
+    for (s, e), (p, _) in zip(data.episode_ranges(d['episode_ends']), sims):
+        pos, act = np.asarray(d['states'][s:e], np.float64), np.asarray(d['actions'][s:e], np.float64)
+        assert len(pos) == len(range(0, len(p) - 1, 3))
+        after = np.concatenate([pos[1:], p[-1:]])  # the next kept frame's position; past the last: p[T]
+        for c, k in enumerate(kinds):
+            want = act[:, c] if k == 'absolute' else pos[:, c] + act[:, c]
+            assert np.allclose(want, after[:, c], atol=1e-5), (k, c, want, after[:, c])
+    # at stride 1 the kind changes nothing, and is recorded
+    convert.convert('zarr', src, str(tmp_path / 's1'), image_size=8, fps=30, action_kind=kind)
+    assert np.array_equal(data.load_dataset(str(tmp_path / 's1'))['actions'], np.concatenate([a for _, a in sims]))
+
+
+def test_stride_needs_a_valid_action_kind(tmp_path):
+    src = tmp_path / 'eps'
+    _conv_write_folder(src, 0, _conv_frames(6, 8, 8, 0), _conv_actions(6, 3, 0))
+    kw = dict(image_size=8, fps=10, stride=2)
+    with pytest.raises(ValueError, match=r"stride=2 needs --action_kind: 'absolute'.*'delta'"):
+        convert.convert('folder', str(src), str(tmp_path / 'o1'), **kw)
+    with pytest.raises(ValueError, match="action_kind must be 'absolute' or 'delta'"):
+        convert.convert('folder', str(src), str(tmp_path / 'o2'), action_kind='relative', **kw)
+    with pytest.raises(data.DatasetError, match='action_kind lists 2 kinds for 3 converted action columns'):
+        convert.convert('folder', str(src), str(tmp_path / 'o3'), action_kind='delta,absolute', skip_bad=True, **kw)
+    assert not [p for p in os.listdir(tmp_path) if p != 'eps']  # nothing written, no temp or spool left
+
+
+# ---------------------------------------------------------------------- image points
+
+
+def test_image_point_dims(tmp_path):
+    """--image_point_dims declares two converted columns a point in the image: meta.json gets the dims, and
+    those columns' action_low/high become the frame's range (the other columns keep the data's min/max)."""
+    src = tmp_path / 'eps'
+    actions = [_conv_actions(5, 3, k) for k in range(2)]  # values in -2..5
+    for k in range(2):
+        _conv_write_folder(src, k, _conv_frames(5, 8, 8, k), actions[k])
+    acts = np.concatenate(actions)
+    kw = dict(image_size=8, fps=10)
+    convert.convert('folder', str(src), str(tmp_path / 'out'), image_point_dims=(2, 0),
+                    image_point_range=(-4, 6, -3, 7), **kw)
+    m = data.load_dataset(str(tmp_path / 'out'))['meta']
+    assert m['image_point_dims'] == [2, 0]
+    assert m['action_low'] == pytest.approx([-3, acts[:, 1].min(), -4]) and m['action_high'] == pytest.approx([7, acts[:, 1].max(), 6])
+    convert.convert('folder', str(src), str(tmp_path / 'plain'), **kw)
+    assert 'image_point_dims' not in data.load_dataset(str(tmp_path / 'plain'))['meta']
+    with pytest.warns(UserWarning, match=r'outside the frame.s range: .* in column 0 \(frame 0\.\.1'):  # a wrong range shows
+        convert.convert('folder', str(src), str(tmp_path / 'w'), image_point_dims='0,1', image_point_range='0,1', **kw)
+
+    with pytest.raises(data.DatasetError, match=r'image_point_dims \[0, 3\] name columns past the 3'):
+        convert.convert('folder', str(src), str(tmp_path / 'x1'), image_point_dims=(0, 3), image_point_range=(0, 1), **kw)
+    with pytest.raises(ValueError, match='two different action columns'):
+        convert.convert('folder', str(src), str(tmp_path / 'x2'), image_point_dims=(1,), image_point_range=(0, 1), **kw)
+    with pytest.raises(ValueError, match='needs --image_point_range'):
+        convert.convert('folder', str(src), str(tmp_path / 'x3'), image_point_dims=(0, 1), **kw)
+    with pytest.raises(ValueError, match='LO < HI'):
+        convert.convert('folder', str(src), str(tmp_path / 'x4'), image_point_dims=(0, 1), image_point_range=(5, 1), **kw)
+    with pytest.raises(ValueError, match='column 1 is declared a point in the image .* and a delta'):
+        convert.convert('folder', str(src), str(tmp_path / 'x5'), image_point_dims=(0, 1), image_point_range=(0, 1),
+                        stride=2, action_kind='absolute,delta,delta', **kw)
+
+
+# ---------------------------------------------------------------------- concatenation
+
+
+def _concat_part(path, lengths, seed, size=8, states=True, meta=None):
+    """A small dataset folder; returns its (frames, actions, states) per episode."""
+    rng = np.random.default_rng(seed)
+    f = [rng.integers(0, 256, (T, size, size, 3), dtype=np.uint8) for T in lengths]
+    a = [rng.uniform(-1, 1, (T, 2)).astype(np.float32) for T in lengths]
+    s = [rng.uniform(0, 1, (T, 3)).astype(np.float32) for T in lengths] if states else None
+    m = dict(fps=10, action_low=np.concatenate(a).min(0).tolist(), action_high=np.concatenate(a).max(0).tolist(),
+             source=f'part {seed}')
+    m.update(meta or {})
+    data.write_dataset(str(path), f, a, m, s)
+    return f, a, s
+
+
+def test_concat(tmp_path):
+    pts = dict(image_point_dims=[0, 1], action_low=[-1.0, -1.0], action_high=[1.0, 1.0])
+    fa, aa, sa = _concat_part(tmp_path / 'a', [4, 3], 1, meta=dict(pts, action_kind='delta', stride=2))
+    fb, ab, sb = _concat_part(tmp_path / 'b', [5], 2, meta=dict(pts, action_kind='delta', stride=3))
+    fc, ac, _ = _concat_part(tmp_path / 'c', [2, 2], 3, states=False)
+    r = convert.concat_datasets([tmp_path / 'b', tmp_path / 'a'], tmp_path / 'ba')
+    d = data.load_dataset(str(tmp_path / 'ba'))
+    assert r['episodes'] == 3 and list(d['episode_ends']) == [5, 9, 12]  # b's episode, then a's two
+    assert np.array_equal(d['frames'], np.concatenate(fb + fa)) and np.array_equal(d['actions'], np.concatenate(ab + aa))
+    assert np.array_equal(d['states'], np.concatenate(sb + sa))
+    m = d['meta']
+    assert m['image_point_dims'] == [0, 1] and m['action_low'] == [-1, -1] and m['action_high'] == [1, 1]
+    assert m['action_kind'] == 'delta' and 'stride' not in m  # strides 3 and 2 differ (their fps were made equal)
+    assert [p['num_episodes'] for p in m['parts']] == [1, 2] and 'part 2' in m['source']
+
+    # a part without states and without image points: neither is kept, the action range is the union
+    out = tmp_path / 'ac'
+    r = subprocess.run([sys.executable, 'convert.py', '--format=concat', f"--src={tmp_path / 'a'},{tmp_path / 'c'}",
+                        f'--out_dir={out}'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = data.load_dataset(str(out))
+    assert list(d['episode_ends']) == [4, 7, 9, 11] and np.array_equal(d['actions'], np.concatenate(aa + ac))
+    assert d['states'] is None and 'image_point_dims' not in d['meta'] and 'action_kind' not in d['meta']
+    assert d['meta']['action_low'] == pytest.approx(np.concatenate(aa + ac).min(0).clip(max=-1).tolist())
+
+    _concat_part(tmp_path / 'big', [3], 4, size=16)
+    with pytest.raises(data.DatasetError, match=r"big: image_size 16 differs from .*a's 8"):
+        convert.concat_datasets([tmp_path / 'a', tmp_path / 'big'], tmp_path / 'x')
+    _concat_part(tmp_path / 'abs', [3], 5, meta=dict(action_kind='absolute'))
+    with pytest.raises(data.DatasetError, match='different action kinds'):
+        convert.concat_datasets([tmp_path / 'a', tmp_path / 'abs'], tmp_path / 'x')
+    # image points over different frame ranges are dropped, not merged into a wrong range
+    _concat_part(tmp_path / 'wide', [3], 6, meta=dict(image_point_dims=[0, 1], action_low=[-2.0, -1.0], action_high=[2.0, 1.0]))
+    convert.concat_datasets([tmp_path / 'a', tmp_path / 'wide'], tmp_path / 'aw')
+    assert 'image_point_dims' not in data.load_dataset(str(tmp_path / 'aw'))['meta']
+    assert not os.path.exists(tmp_path / 'x')
+
+
+# ---------------------------------------------------------------------- your own data, end to end
+
+
+def _square_source(root, episodes=4, T=20, S=32, seed=0):
+    """A `folder` source that is not Push-T: a coloured 8x8 square on grey, moved by (dx, dy) pixel deltas,
+    its red channel set by a third, absolute command (a gripper). Returns the squares' positions per episode."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    where = []
+    for e in range(episodes):
+        ep = root / f'episode_{e}'
+        ep.mkdir(parents=True)
+        pos, grip, acts, seen = np.array([12, 12]), 0.0, [], []
+        for t in range(T):
+            f = np.full((S, S, 3), 90, np.uint8)
+            f[pos[1]:pos[1] + 8, pos[0]:pos[0] + 8] = (int(100 + 150 * grip), 200, 40)
+            Image.fromarray(f).save(ep / f'{t}.png')
+            seen.append(pos.copy())
+            step = np.array([rng.choice([m for m in (-2, -1, 0, 1, 2) if 0 <= pos[c] + m <= S - 8]) for c in (0, 1)])
+            grip = float(rng.integers(0, 2))
+            acts.append([step[0], step[1], grip])
+            pos = pos + step
+        np.save(ep / 'actions.npy', np.array(acts, np.float32))
+        where.append(np.array(seen))
+    return where
+
+
+@pytest.fixture(scope='module')
+def own_data(tmp_path_factory):
+    """The square source converted by the command line at stride 2 (delta moves, absolute gripper), and
+    stage 1 trained on it with config/ae_own_cpu.py plus tiny overrides."""
+    tmp = tmp_path_factory.mktemp('own')
+    where = _square_source(tmp / 'src')
+    d, ae = str(tmp / 'data'), str(tmp / 'ae')
+    r = _run(['convert.py', '--format=folder', f'--src={tmp / "src"}', f'--out_dir={d}', '--fps=20', '--image_size=32',
+              '--stride=2', '--action_kind=delta,delta,absolute'], ROOT)
+    assert r.returncode == 0, r.stderr
+    r = _run(['train_ae.py', 'config/ae_own_cpu.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=3',
+              '--eval_interval=3', '--val_frac=0.25'] + TINY_AE, ROOT)
+    assert r.returncode == 0, r.stderr
+    return dict(tmp=tmp, data=d, ae=f'{ae}/ckpt.pt', where=where)
+
+
+def test_own_data_converts_trains_and_rolls_out(own_data):
+    d = data.load_dataset(own_data['data'])
+    assert d['meta']['fps'] == 10 and d['meta']['action_dim'] == 3 and 'image_point_dims' not in d['meta']
+    # the converted pixels move as the converted actions say: the square's corner at kept frame j+1 is
+    # its corner at j plus the summed moves (read from the pixels, not from the source's bookkeeping)
+    for (s, e), seen in zip(data.episode_ranges(d['episode_ends']), own_data['where']):
+        fr = np.asarray(d['frames'][s:e])
+        corner = np.array([[np.flatnonzero((f[..., 1] == 200).any(0))[0], np.flatnonzero((f[..., 1] == 200).any(1))[0]]
+                           for f in fr])
+        assert np.array_equal(corner, seen[::2])
+        assert np.array_equal(corner[1:] - corner[:-1], d['actions'][s:e - 1, :2])
+        assert np.array_equal(fr[1:, :, :, 0].max((1, 2)), (100 + 150 * d['actions'][s:e - 1, 2]).astype(np.uint8))
+
+    tmp, dyn, ev = own_data['tmp'], str(own_data['tmp'] / 'dyn'), str(own_data['tmp'] / 'eval')
+    r = _run(['train_dynamics.py', 'config/dyn_own_cpu.py', f'--data_dir={own_data["data"]}', f'--ae_ckpt={own_data["ae"]}',
+              f'--out_dir={dyn}', '--max_iters=3', '--eval_interval=3', '--val_frac=0.25'] + TINY_DYN, ROOT)
+    assert r.returncode == 0, r.stderr
+    ck = common.load_checkpoint(f'{dyn}/ckpt.pt', expect_kind='dynamics')
+    assert ck['action_dim'] == 3 and ck['action_map'] is None
+    assert (ck['config']['lr'], ck['config']['dyn_spatial_attn']) == (2e-3, 'mid')  # the recipe file was applied
+    r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', '--num_episodes=1', '--horizon=3', f'--out_dir={ev}',
+              '--fps_steps=1', f'--lpips_dir={tmp}'], ROOT)
+    assert r.returncode == 0, r.stderr
+    m = json.load(open(f'{ev}/metrics.json'))
+    for row in ('model', 'copy_baseline'):
+        assert np.isfinite(m[row]['mse']) and len(m[row]['curves']['psnr']) == 3
+    assert m['horizon'] == 3
+
+
+def test_own_data_refuses_the_action_map(own_data):
+    """--dyn_action_map=True draws the action as a point in the image: refused on data that does not say
+    which action dims are one."""
+    r = _run(['train_dynamics.py', 'config/dyn_own_cpu.py', f'--data_dir={own_data["data"]}', f'--ae_ckpt={own_data["ae"]}',
+              f'--out_dir={own_data["tmp"] / "dyn_map"}', '--max_iters=1', '--dyn_action_map=True'] + TINY_DYN, ROOT)
+    assert r.returncode != 0 and 'image_point_dims' in r.stderr, r.stderr
+    assert not os.path.exists(own_data['tmp'] / 'dyn_map' / 'ckpt.pt')

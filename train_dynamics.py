@@ -104,20 +104,6 @@ def encode_dataset(enc, frames, dev, cache_path, fp, bs=256):
     return z
 
 
-def make_windows(ends_idx, starts, W, action_dim, actions_norm):
-    """Index tables for training windows. For a target frame e (not an episode's first frame) the
-    window holds frames e-W+1..e, clamped at the episode start (the first frame repeated), and the
-    action attached to frame p is a_{p-1} when p-1 is inside the episode, else 'no action'."""
-    e = torch.as_tensor(ends_idx)[:, None]  # (B, 1) target frame index
-    st = torch.as_tensor(starts)[:, None]  # (B, 1) its episode's first frame
-    p = e - W + 1 + torch.arange(W)[None]  # (B, W) raw positions
-    frame_idx = torch.maximum(p, st)  # (B, W)
-    valid = (p - 1 >= st)  # (B, W) an action produced this frame
-    a = actions_norm[(p - 1).clamp(min=0)]  # (B, W, A)
-    act = torch.cat([a * valid[..., None], valid[..., None].float()], -1)  # (B, W, A+1), as M.action_input
-    return frame_idx, act
-
-
 @torch.no_grad()
 def latent_rollout(dyn, z_true, a_norm, abar, W, level, gen=None):
     """Open-loop from the first latent of each sequence with recorded actions.
@@ -161,7 +147,8 @@ def main():
     train_ids, val_ids = [int(i) for i in train_ids], [int(i) for i in val_ids]
     stats = D.action_stats(ds['actions'], ends, train_ids)
     A = ds['actions'].shape[1]
-    a_norm = torch.from_numpy(D.normalize_actions(np.asarray(ds['actions'], dtype=np.float32), stats)).float()
+    a_norm_np = D.normalize_actions(np.asarray(ds['actions'], dtype=np.float32), stats)  # (N, A) in [-1, 1]
+    a_norm = torch.from_numpy(a_norm_np).float()
     if resume is not None:  # a resume must continue the same run: same architecture, data and split
         d = resume['data']
         check_compatible(ckpt_path, resume['config'], config, ARCH_KEYS, [
@@ -262,9 +249,9 @@ def main():
             if sample_seed == 'micro':  # keyed by the global micro-batch index, not by rank
                 np_rng, _ = seed_streams(seed, 1, it, rank * grad_accum + micro)
             pick = np_rng.integers(0, len(tgt), batch_size)
-            fidx, act = make_windows(tgt[pick], tgt_start[pick], window, A, a_norm)
-            z = z_all[fidx].to(dev)  # (B, W, C, h, w)
-            act = act.to(dev)
+            fidx, act = D.make_windows(tgt[pick], tgt_start[pick], window, a_norm_np)
+            z = z_all[torch.from_numpy(fidx)].to(dev)  # (B, W, C, h, w)
+            act = torch.from_numpy(act).to(dev)  # (B, W, A+1)
             ctx = z
             if own_ctx > 0:  # some windows see the model's own rollout as context (no gradient through it)
                 own = torch.from_numpy(np_rng.random(batch_size) < own_ctx).to(dev)  # (B,)
