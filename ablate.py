@@ -4,8 +4,10 @@ The ablation table: does each design choice of the method pay for itself on Push
     python ablate.py --ckpt=out/dyn/ckpt.pt --out_dir=out/ablation --num_episodes=16 --horizon=192
 
 Starting from a trained world model (the README's main command makes out/dyn/ckpt.pt), every row is an
-open-loop evaluation (rollout.py's, same held-out episodes, same seed) of the model with one thing
-changed. Two rows need their own training, done here when their checkpoint is missing (and reused
+open-loop evaluation (same held-out episodes, same seed) of the model with one thing changed: pusht.py's
+(rollout.py's plus the agent and T-block scores read from the frames) when the model's data is
+gym-pusht's (pusht.is_pusht: meta.json declares image_point_dims and its source names gym_pusht),
+else rollout.py's generic image metrics alone. Two rows need their own training, done here when their checkpoint is missing (and reused
 when it is there), with the full model's own config, so only the ablated thing differs:
 
   full model              context noise in training, context level 15 at inference, 3 decoder jumps
@@ -27,6 +29,7 @@ import os
 import subprocess
 import sys
 
+import pusht
 import rollout
 from common import config_from_globals, load_checkpoint
 
@@ -43,7 +46,9 @@ batch_size = 8
 seed = 0
 device = 'auto'
 # ------------------------------------------------------------------------------------
-COLUMNS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips', 'agent_err_px', 'block_iou', 'block_centroid_err_px')
+PUSHT_COLUMNS = ('agent_err_px', 'block_iou', 'block_centroid_err_px')  # of pusht.EVAL_KEYS, the table's
+FORMATS = {'mse': '{:.4f}', 'psnr': '{:.2f}', 'ssim': '{:.3f}', 'uiqi': '{:.3f}', 'lpips': '{:.3f}', 'agent_err_px': '{:.1f}',
+           'block_iou': '{:.3f}', 'block_centroid_err_px': '{:.1f}', 'fps': '{:.1f}'}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -102,11 +107,21 @@ def variants(cfg, ck):
     return out
 
 
+def scorer(meta):
+    """The evaluation every row runs and the metric columns it fills, for a model trained on data with
+    this meta.json: pusht.evaluate and the Push-T columns for gym-pusht data, else rollout.main."""
+    if pusht.is_pusht(meta):
+        return pusht.evaluate, rollout.METRICS + PUSHT_COLUMNS
+    return rollout.main, rollout.METRICS
+
+
 def main(cfg):
+    """Train the missing variants, evaluate every row, write and print the table."""
     ck = load_checkpoint(cfg['ckpt'], expect_kind='dynamics')
+    evaluate, columns = scorer(ck['data']['meta'])
     W = ck['config']['window']
     extra = variants(cfg, ck)
-    base = rollout.config_from_globals(vars(rollout), [])  # rollout.py's defaults
+    base = config_from_globals({**vars(rollout), **vars(pusht)}, [])  # the evaluation's defaults (pusht.py's include rollout.py's)
     base.update(ckpt=cfg['ckpt'], num_episodes=cfg['num_episodes'], horizon=cfg['horizon'], batch_size=cfg['batch_size'],
                 seed=cfg['seed'], device=cfg['device'], video_episodes=2)
     det_full = load_checkpoint(ck['ae_ckpt'], expect_kind='ae')['config'].get('decoder_type') == 'deterministic'
@@ -127,12 +142,12 @@ def main(cfg):
     results = []
     for i, (name, change) in enumerate(rows):
         print(f"\n== {name}", flush=True)
-        r = rollout.main(dict(base, out_dir=os.path.join(cfg['out_dir'], f'row{i}'), **change))
-        results.append({'row': name, 'change': change, **{k: r['model'][k] for k in COLUMNS}, 'fps': r['fps']})
+        r = evaluate(dict(base, out_dir=os.path.join(cfg['out_dir'], f'row{i}'), **change))
+        results.append({'row': name, 'change': change, **{k: r['model'][k] for k in columns}, 'fps': r['fps']})
         if i == 0:
-            copy = {'row': 'copy first frame (baseline)', 'change': {}, **{k: r['copy_baseline'][k] for k in COLUMNS}, 'fps': None}
+            copy = {'row': 'copy first frame (baseline)', 'change': {}, **{k: r['copy_baseline'][k] for k in columns}, 'fps': None}
     results.append(copy)
-    table = ablation_table(results)
+    table = ablation_table(results, columns)
     meta = {'ckpt': os.path.abspath(cfg['ckpt']), 'num_episodes': cfg['num_episodes'], 'horizon': cfg['horizon'], 'seed': cfg['seed']}
     with open(os.path.join(cfg['out_dir'], 'ablation.json'), 'w') as f:
         json.dump({'meta': meta, 'rows': results}, f, indent=1)
@@ -142,14 +157,12 @@ def main(cfg):
     return results
 
 
-def ablation_table(results):
-    """Markdown table: one row per variant, the metric means over episodes and steps."""
-    fmt = {'mse': '{:.4f}', 'psnr': '{:.2f}', 'ssim': '{:.3f}', 'uiqi': '{:.3f}', 'lpips': '{:.3f}', 'agent_err_px': '{:.1f}',
-           'block_iou': '{:.3f}', 'block_centroid_err_px': '{:.1f}', 'fps': '{:.1f}'}
-    cols = COLUMNS + ('fps',)
+def ablation_table(results, columns):
+    """Markdown table: one row per variant, the metric means over episodes and steps, then FPS."""
+    cols = tuple(columns) + ('fps',)
     lines = ['| variant | ' + ' | '.join(cols) + ' |', '|---' * (len(cols) + 1) + '|']
     for r in results:
-        cells = ['n/a' if r[k] is None else fmt[k].format(r[k]) for k in cols]
+        cells = ['n/a' if r[k] is None else FORMATS[k].format(r[k]) for k in cols]
         lines.append(f"| {r['row']} | " + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
 

@@ -5,10 +5,13 @@ How fast and how steady the live loop is.
     python bench.py --mode=speed --ckpt=out/dyn/ckpt.pt            # a trained world model
     python bench.py --mode=stability --ckpt=out/dyn/ckpt.pt --steps=9000
 
-speed: frames per second of rollout.Simulator.step (dynamics + decode, uint8 frame out) at batch 1 after
-warm-up; frames per second of N parallel rollouts; the same networks driven by a multi-step sampler
-(multi_steps dynamics jumps and multi_steps decoder jumps per frame, as a diffusion world model would
-be), as a slow-down ratio; FLOPs per frame (torch.utils.flop_counter) and the FLOP/s they reach
+speed: frames per second of rollout.Simulator.step (one dynamics jump + decode_steps decoder jumps,
+uint8 frame out) at batch 1 after warm-up; frames per second of N parallel rollouts; the cost of the
+same networks in a multi-step sampler (multi_steps dynamics passes and multi_steps decoder jumps per
+frame, as a diffusion world model would be), as a slow-down ratio. The Simulator has no such option
+(training only ever draws the one 999 -> 0 dynamics jump), so that row is timed by calling the nets
+multi_steps times per frame (_multi_stepper): its cost is real, its frames are not a sampler to use.
+Also FLOPs per frame (torch.utils.flop_counter) and the FLOP/s they reach
 against this machine's fp32 matmul rate measured in the same run. Random weights are fine for speed:
 the cost of a forward pass does not depend on the values. Writes OUT/speed.json, prints a markdown table.
 
@@ -17,13 +20,13 @@ on the commanded position: v <- act_smooth v + act_sigma range N(0, 1) - act_pul
 a <- a + v, reflected at the action bounds), and per `report_every` frames reports non-finite latents,
 the mean latent norm (1 by construction: a check), the mean squared change of the latent per step,
 the colour drift of the frame vs the first frame, how often the agent and the T block are
-detectable (metrics.pusht_detectable on every detect_every-th frame), how T-shaped the block still is
-(metrics.block_shape_iou: IoU with a T drawn at its estimated pose), and FPS. Writes OUT/stability.json
+detectable (pusht.pusht_detectable on every detect_every-th frame), how T-shaped the block still is
+(pusht.block_shape_iou: IoU with a T drawn at its estimated pose), and FPS. Writes OUT/stability.json
 and OUT/stability.png (the first frame, then the last frame of every report row).
 
 diagnose (Push-T): where is the T block's error born? Three tables, written to OUT/diagnose.json:
   untouched  gym-pusht start states with the agent clear of the T and commanded to hold still, so the
-             true T never moves: how T-shaped (metrics.block_shape_iou) and where (centroid drift, px) the
+             true T never moves: how T-shaped (pusht.block_shape_iou) and where (centroid drift, px) the
              block is in the truth, in decode(encode(truth)) and in the model's rollout, at a few steps;
   open loop  held-out episodes with the recorded actions, per block of 32 steps: block IoU of the
              decoder alone (decode(encode(truth))) and of the rollout, and the rollout's latent MSE
@@ -42,8 +45,9 @@ import time
 import numpy as np
 import torch
 
-import metrics as Mx
 import model as M
+import pusht
+import rollout
 from common import config_from_globals, pick_device, save_grid
 
 # ---------------------------------------------------------------------------- defaults
@@ -59,7 +63,7 @@ batches = (1, 8, 32)  # parallel rollouts for the throughput (--batches=1,8; one
 speed_steps = 10  # timed steps per measurement (fewer when max_seconds runs out; at least 1)
 warmup = 3  # untimed steps first
 max_seconds = 30.0  # per measurement; one whose estimate exceeds it is reported as an estimate instead
-multi_steps = 20  # the multi-step sampler: dynamics jumps and decoder jumps per frame
+multi_steps = 20  # the multi-step sampler's cost: dynamics passes and decoder jumps per frame
 matmul_size = 2048  # n of the n x n fp32 matmul that measures the machine's rate
 bf16 = False  # CUDA only: bf16 autocast around the step
 compile = False  # CUDA only: torch.compile the dynamics and decoder
@@ -113,22 +117,27 @@ def recipe_sizes(name):
 
 
 def random_world_model(sizes, dev, action_dim=2):
-    """Random-init dynamics, encoder, decoder and the checkpoint fields Simulator reads."""
-    z = sizes
+    """Random-init dynamics, encoder, decoder and the checkpoint fields Simulator reads. A recipe with
+    dyn_action_map gets the map a Push-T dataset gives it (actions 0..512 spanning the frame)."""
+    z, S = sizes, sizes['image_size']
+    stats = {'low': [0.0] * action_dim, 'high': [512.0] * action_dim}
     enc = M.Encoder(z['enc_ch'], z['latent_ch']).to(dev).eval()
     dec = M.Decoder(tuple(z['dec_ch']), tuple(z['dec_attn']), z['latent_ch'], z['emb_dim'], z['heads']).to(dev).eval()
+    amap = M.point_map([0, 1], stats, stats['low'], stats['high'], S, S // 4) if z.get('dyn_action_map') else None
     dyn = M.Dynamics(z['latent_ch'], z['dyn_ch'], z['dyn_depth'], action_dim, z['dyn_emb'], z['dyn_heads'],
-                     z['dyn_spatial_attn'], z.get('dyn_action_map', False)).to(dev).eval()
-    ck = {'action_dim': action_dim, 'config': {'window': z['window']},
-          'data': {'image_size': z['image_size'], 'action_stats': {'low': [0.0] * action_dim, 'high': [512.0] * action_dim}}}
+                     z['dyn_spatial_attn'], amap).to(dev).eval()
+    ck = {'action_dim': action_dim, 'config': {'window': z['window']}, 'action_map': amap,
+          'data': {'image_size': S, 'action_stats': stats}}
     return dyn, enc, dec, ck
 
 
 def n_params(m):
+    """Number of parameters of a module."""
     return sum(p.numel() for p in m.parameters())
 
 
 def _sync(dev):
+    # CUDA runs asynchronously: wait for it before reading the clock
     if str(dev).startswith('cuda'):
         torch.cuda.synchronize()
 
@@ -174,9 +183,10 @@ def _time_steps(step, dev, n_steps, budget, warm):
     return (time.perf_counter() - t0) / k
 
 
-def make_sim(dyn, enc, dec, ck, dev, cfg, dyn_steps=1, decode_steps=3):
-    import rollout  # the Simulator under test; imported here so `import bench` stays light
-    sim = rollout.Simulator(dyn, enc, dec, ck, 0, 15, dyn_steps, decode_steps, cfg['seed'])
+def make_sim(dyn, enc, dec, ck, dev, cfg, decode_steps=3):
+    """The Simulator under test (context level 15, decode_steps decoder jumps), its nets compiled when
+    cfg asks for it on CUDA."""
+    sim = rollout.Simulator(dyn, enc, dec, ck, 0, 15, decode_steps, cfg['seed'])
     if str(dev).startswith('cuda') and (cfg['compile'] or cfg['cuda_graphs']):
         m = 'reduce-overhead' if cfg['cuda_graphs'] else 'default'
         sim.dyn, sim.dec = torch.compile(dyn, mode=m), torch.compile(dec, mode=m)
@@ -184,6 +194,8 @@ def make_sim(dyn, enc, dec, ck, dev, cfg, dyn_steps=1, decode_steps=3):
 
 
 def _stepper(sim, N, dev, cfg, rng):
+    """step(): one Simulator.step of N rollouts from random frames with random actions (bf16 autocast
+    when cfg asks for it on CUDA)."""
     S, A = sim.S, sim.A
     sim.reset(rng.integers(0, 256, (N, S, S, 3), dtype=np.uint8))
     acts = rng.uniform(0, 512, (64, N, A)).astype(np.float32)
@@ -197,7 +209,31 @@ def _stepper(sim, N, dev, cfg, rng):
     return step
 
 
+def _multi_stepper(sim, K, dev, cfg, rng):
+    """step(): one frame of a K-step sampler at batch 1, for its cost only: K passes of the dynamics net
+    over the window (K - 1 predict_next calls whose output is dropped, then the window_step that slides
+    the window) and a K-jump decode, uint8 frame out. The Simulator always makes one dynamics jump
+    (training never draws the (t, s) pairs of a longer chain), so this is how K jumps are timed."""
+    S = sim.S
+    sim.reset(rng.integers(0, 256, (1, S, S, 3), dtype=np.uint8))
+    acts = torch.from_numpy(rng.uniform(-1, 1, (64, 1, sim.A)).astype(np.float32)).to(sim.dev)  # normalised
+    ctr = [0]
+    use_bf16 = cfg['bf16'] and str(dev).startswith('cuda')
+
+    def step():
+        ctr[0] += 1
+        a = acts[ctr[0] % 64]
+        with torch.autocast('cuda', dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext():
+            act = torch.cat([sim.act, M.action_input(a, 1)[:, None]], 1)
+            for _ in range(K - 1):
+                M.predict_next(sim.dyn, sim.ctx, act, sim.abar, sim.level, sim.gen)
+            z, sim.ctx, sim.act = M.window_step(sim.dyn, sim.ctx, sim.act, a, sim.abar, sim.level, sim.gen)
+            M.tensor_to_frames(M.decode(sim.dec, z, K, sim.abar, S, sim.gen))
+    return step
+
+
 def bench_speed(cfg):
+    """--mode=speed (the top of the file); writes OUT/speed.json and returns it."""
     dev = pick_device(cfg['device'])
     torch.manual_seed(cfg['seed'])
     rng = np.random.default_rng(cfg['seed'])
@@ -205,7 +241,6 @@ def bench_speed(cfg):
     print(f"device {dev}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"fp32 matmul {cfg['matmul_size']}^3: {rate / 1e9:.1f} GFLOP/s")
     if cfg['ckpt']:
-        import rollout
         dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
         models = [('ckpt', dyn, enc, dec, ck)]
     else:
@@ -224,16 +259,17 @@ def bench_speed(cfg):
         sim.reset(rng.integers(0, 256, (1, S, S, 3), dtype=np.uint8))
         z = sim.ctx[:, -1]
         ctx, act = sim.ctx, torch.cat([sim.act, sim.act[:, -1:]], 1)
-        f_dyn = count_flops(lambda: M.predict_next(psim.dyn, ctx, act, sim.abar, 15, 1))
+        f_dyn = count_flops(lambda: M.predict_next(psim.dyn, ctx, act, sim.abar, 15))
         f_dec = count_flops(lambda: M.decode(psim.dec, z, 1, sim.abar, S))
         f_frame = count_flops(_stepper(psim, 1, dev, cfg, rng))
         r['gflops_per_frame'] = f_frame / 1e9
         r['gflops_per_jump'] = {'dynamics': f_dyn / 1e9, 'decoder': f_dec / 1e9}
-        t_dyn = _time_steps(lambda: M.predict_next(sim.dyn, ctx, act, sim.abar, 15, 1), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
+        t_dyn = _time_steps(lambda: M.predict_next(sim.dyn, ctx, act, sim.abar, 15), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
         t_dec = _time_steps(lambda: M.decode(sim.dec, z, 1, sim.abar, S), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
         r['ms_per_jump'] = {'dynamics': t_dyn * 1e3, 'decoder': t_dec * 1e3}
-        # the live loop at batch 1 (1 dynamics jump + 3 decoder jumps), then N parallel rollouts
-        est1 = t_dyn + 3 * t_dec
+        # the live loop at batch 1 (1 dynamics jump + 3 decoder jumps; one pass for a deterministic decoder),
+        # then N parallel rollouts
+        est1 = t_dyn + (1 if dec.deterministic else sim.ksteps) * t_dec
         fps = {}
         for N in batches:
             if est1 * N * (cfg['warmup'] + 1) > cfg['max_seconds'] and N > 1:
@@ -248,14 +284,15 @@ def bench_speed(cfg):
         r['fps_batch1'] = base
         r['achieved_gflops'] = f_frame * base / 1e9
         r['frac_of_matmul_rate'] = f_frame * base / rate
-        # the same networks as a multi-step (diffusion-style) world model: K dynamics + K decoder jumps
+        # the same networks as a multi-step (diffusion-style) world model: K dynamics passes + K decoder
+        # jumps per frame, timed by calling the nets K times (_multi_stepper), not through the Simulator
         est_k = K * (t_dyn + t_dec)
+        how = f"the nets called {K} + {K} times per frame (bench._multi_stepper)"
         if est_k * 2 <= cfg['max_seconds']:
-            msim = make_sim(dyn, enc, dec, ck, dev, cfg, K, K)
-            t = _time_steps(_stepper(msim, 1, dev, cfg, rng), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
-            r['multi_step'] = {'jumps': K, 'fps': 1 / t, 'estimated': False}
+            t = _time_steps(_multi_stepper(sim, K, dev, cfg, rng), dev, cfg['speed_steps'], cfg['max_seconds'], 1)
+            r['multi_step'] = {'jumps': K, 'fps': 1 / t, 'estimated': False, 'how': how}
         else:
-            r['multi_step'] = {'jumps': K, 'fps': 1 / est_k, 'estimated': True}
+            r['multi_step'] = {'jumps': K, 'fps': 1 / est_k, 'estimated': True, 'how': f"estimated: {K} x (dynamics + decoder jump)"}
         r['multi_step']['slowdown'] = base / r['multi_step']['fps']
         rows.append(r)
         print(f"{name}: {S}x{S}, {r['gflops_per_frame']:.2f} GFLOP/frame, batch-1 {base:.2f} FPS")
@@ -321,11 +358,11 @@ def _first_frame(ck, S):
 
 
 def bench_stability(cfg):
+    """--mode=stability (the top of the file); writes OUT/stability.json and .png and returns the result."""
     dev = pick_device(cfg['device'])
     torch.manual_seed(cfg['seed'])
     rng = np.random.default_rng(cfg['seed'])
     if cfg['ckpt']:
-        import rollout
         dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
     else:
         dyn, enc, dec, ck = random_world_model(recipe_sizes(cfg['recipes'].split(',')[0]), dev)
@@ -358,10 +395,10 @@ def bench_stability(cfg):
             blk['dz'].append(float(((z - prev) ** 2).mean()) if bool(torch.isfinite(prev).all()) else float('nan'))
         blk['drift'].append(float(np.linalg.norm(frame[0].reshape(-1, 3).astype(np.float64).mean(0) - mean0)))
         if k % cfg['detect_every'] == 0:
-            det = Mx.pusht_detectable(frame)
+            det = pusht.pusht_detectable(frame)
             blk['agent'].append(bool(det['agent'][0]))
             blk['block'].append(bool(det['block'][0]))
-            blk['shape'].append(float(Mx.block_shape_iou(frame)[0]))
+            blk['shape'].append(float(pusht.block_shape_iou(frame)[0]))
         if (k + 1) % cfg['report_every'] == 0 or k + 1 == cfg['steps']:
             row = {'steps': [k + 1 - blk['n'] + 1, k + 1], 'nonfinite_steps': blk['bad'],
                    'latent_norm': _mean(blk['norm']), 'latent_change': _mean(blk['dz']),
@@ -378,7 +415,7 @@ def bench_stability(cfg):
     out = {'ckpt': os.path.abspath(cfg['ckpt']) if cfg['ckpt'] else f"random-init {cfg['recipes'].split(',')[0]}",
            'device': dev, 'steps_requested': cfg['steps'], 'steps_run': sum(r['steps'][1] - r['steps'][0] + 1 for r in rows),
            'first_nonfinite_step': first_bad, 'start_frame': src, 'image_size': S, 'window': sim.W,
-           'detect_every': cfg['detect_every'], 'min_pixels': {k: Mx.min_pixels(S, k) for k in ('agent', 'block')},
+           'detect_every': cfg['detect_every'], 'min_pixels': {k: pusht.min_pixels(S, k) for k in ('agent', 'block')},
            'actions': {k: cfg[k] for k in ('act_smooth', 'act_sigma', 'act_pull')},
            'date_utc': time.strftime('%Y-%m-%d %H:%M', time.gmtime()), 'rows': rows}
     os.makedirs(cfg['out_dir'], exist_ok=True)
@@ -389,29 +426,31 @@ def bench_stability(cfg):
 
 
 def _mean(xs):
+    # mean of the finite entries, None when there are none (JSON has no NaN)
     xs = [x for x in xs if x == x]  # drop NaN
     return float(np.mean(xs)) if xs else None
 
 
 def _fmt(v):
+    # a report value, floats to 4 significant digits
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def _block(frames):
     """T-block pose (B, 3) (x px, y px, angle rad; NaN when not found) and shape IoU (B,) of uint8 frames."""
-    seg = Mx.segment_pusht(frames)
-    return Mx.block_pose(seg['block'], Mx.min_pixels(frames.shape[1], 'block'), seg['agent']), Mx.block_shape_iou(frames)
+    seg = pusht.segment_pusht(frames)
+    return pusht.block_pose(seg['block'], seg['agent']), pusht.block_shape_iou(frames)
 
 
 def _wrap_deg(a):
-    return np.degrees(np.abs((a + np.pi) % (2 * np.pi) - np.pi))
+    # |angle| wrapped to [0, 180] degrees
+    return np.degrees(np.abs(pusht.angle_diff(a, 0)))
 
 
 @torch.no_grad()
 def bench_diagnose(cfg):
+    """--mode=diagnose (the top of the file); writes OUT/diagnose.json and returns it."""
     import data as D
-    import rollout
-    import sim_tools
     dev = pick_device(cfg['device'])
     torch.manual_seed(cfg['seed'])
     dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
@@ -423,8 +462,8 @@ def bench_diagnose(cfg):
         return M.tensor_to_frames(M.decode(dec, z, sim.ksteps, sim.abar, S, sim.gen)), z
 
     # 1. the untouched T: the truth is the first frame for every step
-    states = sim_tools.sample_states(cfg['num_states'], cfg['seed'])
-    first = sim_tools.RealSim(states, S).first  # (N, S, S, 3)
+    states = pusht.sample_states(cfg['num_states'], cfg['seed'])
+    first = pusht.RealSim(states, S).first  # (N, S, S, 3)
     hold = states[:, :2].astype(np.float32)  # the command = where the agent is: it stays
     sim.reset(first)
     z_true = enc(M.frames_to_tensor(first, dev))
@@ -441,7 +480,7 @@ def bench_diagnose(cfg):
             pose_m, shape_m = _block(fr)
             rows.append({'what': 'rollout', 'step': k, 'shape_iou': float(shape_m.mean()),
                          'drift_px': float(np.nanmean(np.linalg.norm(pose_m[:, :2] - pose_t[:, :2], axis=1))),
-                         'block_iou': float(Mx.pusht_physics(fr, first)['block_iou'].mean()),
+                         'block_iou': float(pusht.physics(fr, first)['block_iou'].mean()),
                          'latent_mse': float(((sim.ctx[:, -1] - z_true) ** 2).mean())})
     out['untouched'] = rows
 
@@ -461,8 +500,8 @@ def bench_diagnose(cfg):
     tgt = true[:, 1:].reshape(E * H, S, S, 3)
     rec, zt = recon(tgt)
     zt = zt.reshape(zp.shape)  # (E, H, C, h, w)
-    iou_r = Mx.pusht_physics(rec, tgt)['block_iou'].reshape(E, H)
-    iou_m = Mx.pusht_physics(pred.reshape(E * H, S, S, 3), tgt)['block_iou'].reshape(E, H)
+    iou_r = pusht.physics(rec, tgt)['block_iou'].reshape(E, H)
+    iou_m = pusht.physics(pred.reshape(E * H, S, S, 3), tgt)['block_iou'].reshape(E, H)
     lat_m = ((zp - zt) ** 2).mean((2, 3, 4)).cpu().numpy()  # (E, H)
     z0 = enc(M.frames_to_tensor(true[:, 0], dev))  # (E, C, h, w): the copy baseline holds the first frame
     lat_c = ((z0[:, None] - zt) ** 2).mean((2, 3, 4)).cpu().numpy()
@@ -502,6 +541,7 @@ def bench_diagnose(cfg):
 
 
 def main(cfg):
+    """Run the mode cfg['mode'] names."""
     if cfg['threads'] > 0:
         torch.set_num_threads(cfg['threads'])
     if cfg['mode'] == 'speed':

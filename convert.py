@@ -164,6 +164,8 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
     points = _conv_points(image_point_dims, image_point_range, kinds)
     _check_out_dir(out_dir, overwrite)  # refuse before a long conversion, not after
 
+    # the reader lists the episodes (cheap: nothing is decoded yet); each is then read, checked,
+    # converted and spooled in turn
     keys = [k.strip() for k in str(action_keys or '').split(',') if k.strip()]
     dims = _conv_dims(action_dims)
     camera = str(camera or '')
@@ -177,6 +179,7 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
     src_fps = float(fps) if fps else info.get('fps')
     if not src_fps or src_fps <= 0:
         raise DatasetError(f"{src}: the {fmt} source does not record its frame rate; pass --fps=HZ")
+    # hdf5 JPEG rows were written by OpenCV (BGR): the reader says so, unless --swap_rb forces a choice
     swap = info.get('swap_rb', False) if swap_rb is None else bool(swap_rb)
 
     from tqdm import tqdm
@@ -208,6 +211,8 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
             states.append(s)
         if not frames:
             raise DatasetError(f"{src}: all {len(episodes)} episodes were bad and skipped")
+        # meta.json: the action range is the converted actions' (after column selection and striding),
+        # except for declared image points, whose range is where the frame's edges lie
         allact = np.concatenate(actions)
         low, high = [float(x) for x in allact.min(0)], [float(x) for x in allact.max(0)]
         if points:  # the image's edges, not the data's extent: where the action lies on the frame
@@ -236,7 +241,8 @@ def convert(fmt, src, out_dir, camera='', crop='center', image_size=64, stride=1
 
 
 def _conv_dims(action_dims, name='action_dims'):
-    # --action_dims=0,1 arrives as a tuple, --action_dims=3 as an int, a config file may give a list or a string
+    """Column indices as a list (None = all). --action_dims=0,1 arrives as a tuple, --action_dims=3 as
+    an int, a config file may give a list or a string."""
     if action_dims is None or action_dims == '':
         return None
     if isinstance(action_dims, str):
@@ -263,7 +269,8 @@ def _conv_kinds(action_kind):
 
 
 def _kinds_meta(kinds):
-    # meta.json: 'absolute' / 'delta' when one kind covers every column, the list when they differ, None if not given
+    """action_kind for meta.json: 'absolute' / 'delta' when one kind covers every column, the list when
+    they differ, None when not given."""
     if not kinds:
         return None
     return kinds[0] if len(set(kinds)) == 1 else kinds
@@ -284,6 +291,7 @@ def _conv_points(image_point_dims, image_point_range, kinds):
         raise ValueError("image_point_dims needs --image_point_range=LO,HI (or XLO,XHI,YLO,YHI): the action values "
                          "at the frame's edges, e.g. 0,512 for Push-T's targets in 0..512 px; the data's own min/max "
                          "would put the points in the wrong place")
+    # LO,HI applies to both columns; XLO,XHI,YLO,YHI gives each its own (a frame range in action units)
     try:
         r = [float(x) for x in (image_point_range.split(',') if isinstance(image_point_range, str)
                                 else image_point_range)]
@@ -293,6 +301,7 @@ def _conv_points(image_point_dims, image_point_range, kinds):
         r = r * 2
     if len(r) != 4 or not (r[0] < r[1] and r[2] < r[3]):
         raise ValueError(f"image_point_range must be LO,HI or XLO,XHI,YLO,YHI with LO < HI, got {image_point_range!r}")
+    # a kinds list too short for d is reported by _check_columns, once the column count is known
     for d in dims:
         kind = kinds[0] if len(kinds) == 1 else kinds[d] if d < len(kinds) else None
         if kind == 'delta':
@@ -340,6 +349,7 @@ def _conv_episode(load, dims, stride, kinds, points, crop, size, swap):
         if bad:
             raise _OptionError(f"action_dims {bad} out of range for {a.shape[1]} action columns")
         a = a[:, dims]
+    # action_kind and image_point_dims index the columns kept above: checked against their number
     _check_columns(a.shape[1], kinds, points)
     a = a.astype(np.float32)
     T = int(ep['n_frames'])
@@ -357,6 +367,7 @@ def _conv_episode(load, dims, stride, kinds, points, crop, size, swap):
         if not np.isfinite(s).all():
             raise DatasetError(f"NaN or Inf state at frame {int(np.argwhere(~np.isfinite(s))[0][0])}")
         s = s[::stride]
+    # frames 0, k, 2k, ...: only the kept frames are decoded, and the reader must give exactly those
     keep = list(range(0, T, stride))
     out = np.empty((len(keep), size, size, 3), np.uint8)
     n = 0
@@ -386,20 +397,22 @@ def _conv_image(img, crop, size, swap):
     # no silent casts: float images in [0, 1] would turn black in uint8
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] not in (3, 4):
         raise DatasetError(f"image is {img.dtype} {img.shape}, expected uint8 (H, W, 3)")
-    img = img[..., :3]
+    img = img[..., :3]  # an alpha channel is dropped
     if swap:
         img = img[..., ::-1]
     h, w = img.shape[:2]
     if crop == 'center' and h != w:
         m = min(h, w)
         img = img[(h - m) // 2:(h - m) // 2 + m, (w - m) // 2:(w - m) // 2 + m]
+    # PIL's bilinear resize filters over the source pixels when shrinking (antialiased), unlike a plain
+    # bilinear lookup; a frame already at size is kept bit-exact
     if img.shape[:2] != (size, size):
         img = np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((size, size), Image.BILINEAR))
     return img
 
 
 def _need(module, pip_name, fmt):
-    # optional packages load only for the converter that uses them
+    """Import an optional package; only the converter that uses it loads it, with a pip hint if missing."""
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -407,7 +420,7 @@ def _need(module, pip_name, fmt):
 
 
 def _natural_key(name):
-    # 'episode_2' before 'episode_10'
+    """Sort key for natural order: 'episode_2' before 'episode_10'."""
     return [int(t) if t.isdigit() else t.lower() for t in re.split(r'(\d+)', os.path.basename(name))]
 
 
@@ -427,7 +440,8 @@ def _pick_camera(available, camera, where):
 
 
 def _blocks(arr, start, keep, block=64):
-    # read an on-disk array (zarr/h5py) in blocks: one read per frame is slow on chunked, compressed data
+    """Yield rows start + keep of an on-disk array (zarr/h5py), read in blocks: one read per frame is
+    slow on chunked, compressed data."""
     for i in range(0, len(keep), block):
         ks = keep[i:i + block]
         chunk = np.asarray(arr[start + ks[0]:start + ks[-1] + 1])
@@ -447,9 +461,16 @@ def _columns(group, keys, where, name='action'):
     return np.concatenate(cols, axis=1)
 
 
+# ---- readers. Each _FORMAT_episodes(src, camera, keys) returns ([(name, load), ...], info): one entry per
+# episode, `name` for error messages, `load()` reading it only when called (one episode in memory at a
+# time) and returning dict(n_frames, actions (T, A), states (T, k) or None/absent, frames), where
+# frames(keep) yields the frames at the increasing indices `keep` (ndarray or PIL image); info holds fps
+# (if the source records it), camera, action_keys and swap_rb (hdf5 JPEG) for meta.json and _conv_image.
+
 # ---- zarr (diffusion-policy replay buffer)
 
 def _zarr_episodes(src, camera, keys):
+    """Reader for a diffusion-policy replay buffer (see convert()); episodes are row ranges of data/."""
     zarr = _need('zarr', 'zarr', 'zarr')
     store = src
     if src.endswith('.zip'):
@@ -466,6 +487,7 @@ def _zarr_episodes(src, camera, keys):
     images = [k for k in names if len(data[k].shape) == 4 and data[k].shape[-1] in (1, 3, 4)]
     cam = _pick_camera(images, camera, f"{src}/data")
     keys = keys or ['action']
+    # the images stay on disk (read per episode, in blocks); actions, states and ends are small: read now
     img = data[cam]
     act = _columns(data, keys, f"{src}/data")  # low-dim: small enough to read whole
     states = np.asarray(data['state'][:]) if 'state' in data else None
@@ -473,7 +495,9 @@ def _zarr_episodes(src, camera, keys):
     n_img = img.shape[0]
 
     def loader(s, e):
+        """The load() of the episode in rows [s, e): a closure, so nothing is read until it is converted."""
         def load():
+            """Read the episode: dict(n_frames, actions, states (or absent/None), frames(keep) -> images)."""
             if e <= s:
                 raise DatasetError(f"meta/episode_ends is not increasing ({s} then {e})")
             n = max(0, min(e, n_img) - s)
@@ -483,6 +507,7 @@ def _zarr_episodes(src, camera, keys):
                         frames=lambda keep: _blocks(img, s, keep))
         return load
 
+    # episode k is rows [ends[k-1], ends[k]) (exclusive ends); a bad end is reported by that episode's load()
     starts = np.concatenate([[0], ends[:-1]])
     eps = [(f"{src} episode {k} (rows {s}:{e})", loader(int(s), int(e))) for k, (s, e) in enumerate(zip(starts, ends))]
     return eps, dict(camera=cam, action_keys=keys)
@@ -491,6 +516,7 @@ def _zarr_episodes(src, camera, keys):
 # ---- hdf5 (ALOHA / ACT, one file per episode)
 
 def _hdf5_episodes(src, camera, keys):
+    """Reader for ALOHA / ACT episode_*.hdf5 files (see convert()), raw or JPEG frames."""
     h5py = _need('h5py', 'h5py', 'hdf5')
     files = sorted(glob.glob(os.path.join(src, 'episode_*.hdf5')), key=_natural_key)
     if not files:
@@ -506,8 +532,12 @@ def _hdf5_episodes(src, camera, keys):
     except Exception:
         pass  # a broken first file is reported (or skipped) as a bad episode below
 
+    # each file is opened once for its small arrays and again, inside frames(), for its frames: no
+    # handle stays open between episodes
     def loader(path):
+        """The load() of one episode file: a closure, so nothing is read until it is converted."""
         def load():
+            """Read the episode: dict(n_frames, actions, states (or absent/None), frames(keep) -> images)."""
             with h5py.File(path, 'r') as f:
                 if 'observations/images' not in f:
                     raise DatasetError("no /observations/images group")
@@ -520,6 +550,7 @@ def _hdf5_episodes(src, camera, keys):
                 states = np.asarray(f['observations/qpos'][()]) if 'observations/qpos' in f else None
 
             def frames(keep):
+                """Yield the kept frames (indices `keep`, increasing) one by one."""
                 with h5py.File(path, 'r') as f:
                     d = f[f'observations/images/{cam}']
                     for k, row in zip(keep, _blocks(d, 0, keep)):
@@ -532,11 +563,13 @@ def _hdf5_episodes(src, camera, keys):
 
 
 def _is_jpeg_rows(ds, h5py):
-    # the JPEG variant: one row of encoded bytes per frame, padded, or a variable-length byte array
+    """Whether an hdf5 image dataset is the JPEG variant: one row of encoded bytes per frame, padded,
+    or a variable-length byte array."""
     return h5py.check_vlen_dtype(ds.dtype) is not None or ds.ndim == 2 or (ds.ndim == 3 and ds.shape[2] == 1)
 
 
 def _decode_jpeg(row, k, where):
+    """One padded row of JPEG bytes (frame k of `where`) -> PIL image; DatasetError if undecodable."""
     from PIL import Image
     data = np.trim_zeros(np.asarray(row, dtype=np.uint8).reshape(-1), 'b')  # padding after the FFD9 end marker
     try:
@@ -550,6 +583,7 @@ def _decode_jpeg(row, k, where):
 # ---- LeRobot (v2.x: one file per episode; v3.x: many episodes per file)
 
 def _lerobot_episodes(src, camera, keys):
+    """Reader for a LeRobot v2.x / v3.x dataset root (see convert()): parquet rows + video or image frames."""
     pq = _need('pyarrow.parquet', 'pyarrow', 'lerobot')
     info_path = os.path.join(src, 'meta', 'info.json')
     if not os.path.isfile(info_path):
@@ -570,8 +604,11 @@ def _lerobot_episodes(src, camera, keys):
         raise DatasetError(f"{info_path}: no feature {missing}; features: {sorted(feats)}")
     state_key = 'observation.state' if 'observation.state' in feats else None
     fps = float(info['fps'])
+    # the parquet columns read: actions, states, and the frames themselves when they are image cells
     cols = keys + ([state_key] if state_key else []) + [cam] * (not is_video)
 
+    # rows: one (episode_index, parquet path, video path or None, video start time) per episode, in
+    # episode order. v2 derives the paths from the templates; v3 reads them from its episode index.
     if major == '2':
         path = os.path.join(src, 'meta', 'episodes.jsonl')
         if os.path.isfile(path):
@@ -612,7 +649,9 @@ def _lerobot_episodes(src, camera, keys):
     cache = {}  # v3: consecutive episodes share one parquet file, read it once
 
     def loader(ep, data_path, video_path, t0):
+        """The load() of episode `ep`: its parquet rows, and its video from time t0 (v3: files are shared)."""
         def load():
+            """Read the episode: dict(n_frames, actions, states (or absent/None), frames(keep) -> images)."""
             if data_path not in cache:
                 if not os.path.isfile(data_path):
                     raise DatasetError(f"data file {data_path} is missing")
@@ -623,12 +662,15 @@ def _lerobot_episodes(src, camera, keys):
                 extra = [c for c in ('episode_index', 'frame_index', 'timestamp') if c in names]
                 cache.clear()
                 cache[data_path] = pq.read_table(data_path, columns=cols + extra)
+            # this episode's rows, in frame order (a v3 file holds many episodes, not necessarily sorted)
             table = cache[data_path]
             if 'episode_index' in table.column_names:
                 ids = table.column('episode_index').to_numpy()
                 table = table.take(np.flatnonzero(ids == ep))
             if 'frame_index' in table.column_names:
                 table = table.take(np.argsort(table.column('frame_index').to_numpy(), kind='stable'))
+            # frame t is looked up in the video by its timestamp, not by its position: a dropped or
+            # duplicated video frame then shows as an error, never as a silent shift of the episode
             n = table.num_rows
             if 'timestamp' in table.column_names:
                 times = table.column('timestamp').to_numpy().astype(np.float64)
@@ -663,7 +705,7 @@ def _arrow_matrix(col, name):
 
 
 def _decode_image_cell(cell, root, k):
-    # LeRobot image features: {'bytes': PNG/JPEG bytes, 'path': ...}
+    """Decode a LeRobot image feature cell, {'bytes': PNG/JPEG bytes, 'path': ...}, to a PIL image."""
     from PIL import Image
     try:
         data = cell.get('bytes') if isinstance(cell, dict) else cell
@@ -709,19 +751,24 @@ def _video_frames(path, wanted, fps):
 # ---- folder (one folder of numbered images + actions file per episode)
 
 def _folder_episodes(src, camera, keys):
+    """Reader for one folder per episode of numbered images and an actions file (see convert())."""
     dirs = sorted([d for d in glob.glob(os.path.join(src, '*')) if os.path.isdir(d)], key=_natural_key)
     if not dirs:
         raise DatasetError(f"{src}: no episode folders inside")
 
     def loader(d):
+        """The load() of episode folder d: a closure, so nothing is read until it is converted."""
         def load():
+            """Read the episode: dict(n_frames, actions, states (or absent/None), frames(keep) -> images)."""
             img_dir = os.path.join(d, camera) if camera else d
             if not os.path.isdir(img_dir):
                 raise DatasetError(f"no camera folder {camera!r}")
+            # numbered images in natural order (2.png before 10.png); anything else in the folder is ignored
             names = sorted([n for n in os.listdir(img_dir) if n.lower().endswith(IMAGE_EXTS)], key=_natural_key)
             acts = _folder_actions(d, keys)
 
             def frames(keep):
+                """Yield the kept frames (indices `keep`, increasing) one by one."""
                 from PIL import Image
                 for k in keep:
                     try:
@@ -737,6 +784,7 @@ def _folder_episodes(src, camera, keys):
 
 
 def _folder_actions(d, keys):
+    """An episode folder's actions.npy, or actions.csv (optional header line; `keys` pick named columns)."""
     npy, csv = os.path.join(d, 'actions.npy'), os.path.join(d, 'actions.csv')
     if os.path.isfile(npy):
         if keys:
@@ -747,13 +795,14 @@ def _folder_actions(d, keys):
     import csv as csvlib
     with open(csv, newline='') as f:
         rows = [r for r in csvlib.reader(f) if r and any(x.strip() for x in r)]
+    # a first line that does not parse as numbers is taken as the column names
     header = None
     if rows:
         try:
             [float(x) for x in rows[0]]
         except ValueError:
             header, rows = [x.strip() for x in rows[0]], rows[1:]  # a line of column names
-    if keys:
+    if keys:  # --action_keys picks CSV columns by name, in the order given
         if header is None:
             raise DatasetError(f"actions.csv has no header line to pick columns {keys} from; use --action_dims")
         lost = [k for k in keys if k not in header]
@@ -784,6 +833,7 @@ def concat_datasets(dirs, out, overwrite=False):
     if any(os.path.abspath(d) == os.path.abspath(out) for d in dirs):
         raise DatasetError(f"{out}: the output folder is also one of the parts; write the concatenation elsewhere")
     _check_out_dir(out, overwrite)  # before reading the parts
+    # load_dataset validates each part (and memory-maps it): a broken part is named before anything is written
     dss = [load_dataset(d) for d in dirs]
     metas = [ds['meta'] for ds in dss]
     m0 = metas[0]
@@ -792,6 +842,7 @@ def concat_datasets(dirs, out, overwrite=False):
             if m[key] != m0[key]:
                 raise DatasetError(f"{d}: {key} {m[key]} differs from {dirs[0]}'s {m0[key]}; only datasets with the "
                                    f"same image size, action dim and fps can be concatenated (convert again to match)")
+    # a part without action_kind (Push-T collection, older conversions) is not a conflict, only unknown
     kinds = {json.dumps(m['action_kind']) for m in metas if m.get('action_kind')}
     if len(kinds) > 1:
         raise DatasetError(f"the parts record different action kinds {sorted(kinds)}: their actions do not mean the same")
@@ -800,6 +851,7 @@ def concat_datasets(dirs, out, overwrite=False):
     with_states = None not in widths and len(widths) == 1
     if not with_states and widths != {None}:
         print(f"note: states.npy dropped (the parts' state widths: {[w for w in widths]}; kept only when all agree)")
+    # the parts are memory-mapped: write_dataset streams their episodes into the new files
     frames, actions, states = [], [], []
     for ds in dss:
         for s, e in D.episode_ranges(ds['episode_ends']):  # memory-mapped slices: read while writing
@@ -812,13 +864,14 @@ def concat_datasets(dirs, out, overwrite=False):
             'action_high': np.max([m['action_high'] for m in metas], 0).tolist(),
             'source': 'concatenation of ' + '; '.join(f"{os.path.abspath(d)} ({m['source']})" for d, m in zip(dirs, metas)),
             'parts': [{'data_dir': os.path.abspath(d), 'num_episodes': len(ds['episode_ends'])} for d, ds in zip(dirs, dss)]}
+    # stride is kept for the record only: equal fps is what makes the parts' steps the same duration
     for key in ('action_kind', 'stride'):  # facts about every action: kept only when every part states the same
         vals = [m.get(key) for m in metas]
         if vals[0] is not None and all(v == vals[0] for v in vals):
             meta[key] = vals[0]
 
     def point_frame(m):
-        # a part's image points: its dims and the frame range those columns' action_low/high give
+        """A part's image points: its dims and the frame range those columns' action_low/high give."""
         dims = m.get('image_point_dims')
         return None if dims is None else (list(dims), [(m['action_low'][d], m['action_high'][d]) for d in dims])
     pts = [point_frame(m) for m in metas]
@@ -840,7 +893,7 @@ def main(cfg):
     if cfg['format'] not in CONVERT_FORMATS + ('concat',):
         raise SystemExit(f"error: --format={cfg['format']!r}; choose one of {', '.join(CONVERT_FORMATS + ('concat',))}")
     try:
-        if cfg['format'] == 'concat':
+        if cfg['format'] == 'concat':  # --src is then a comma list of dataset folders
             return concat_datasets([d for d in cfg['src'].split(',') if d], cfg['out_dir'], cfg['overwrite'])
         opts = {k: cfg[k] for k in ('camera', 'crop', 'image_size', 'stride', 'action_kind', 'action_keys', 'action_dims',
                                     'image_point_dims', 'image_point_range', 'fps', 'swap_rb', 'max_episodes',

@@ -168,6 +168,12 @@ def load_dataset(data_dir):
             raise DatasetError(f"{mpath}: {k} must be a list of {A} numbers, got {v!r}")
     if not (isinstance(meta['fps'], (int, float)) and meta['fps'] > 0):
         raise DatasetError(f"{mpath}: fps must be a positive number, got {meta['fps']!r}")
+    dims = meta.get('image_point_dims')
+    if dims is not None and not (isinstance(dims, list) and len(dims) == 2 and len(set(dims)) == 2
+                                 and all(isinstance(d, int) and 0 <= d < A and meta['action_high'][d] > meta['action_low'][d]
+                                         for d in dims)):
+        raise DatasetError(f"{mpath}: image_point_dims must be two different action dims in 0..{A - 1} whose "
+                           f"action_low < action_high (the frame's range), got {dims!r}")
 
     return dict(frames=frames, actions=actions, episode_ends=ends, meta=meta, states=states)
 

@@ -263,8 +263,11 @@ def decoder_x0(dec, x_t, t, s, z, abar):
 def decoder_loss(dec, x0, z, t, s, abar, snr_gamma=5.0, both_terms=True):
     """Stage-1 consistency loss without a teacher (same eps for x_t and x_s):
         w(t) |G(x_t, t, s | z) - x_s|^2  +  w(s) |G(x_s, s, 0 | z) - x_0|^2
-    with min-SNR-5 weights on this x-space loss: w = min(SNR, 5) / SNR, i.e. full weight wherever
-    SNR <= 5 (every point the sampler visits) and less on the nearly clean, easy levels.
+    with the weight w = min(SNR, gamma) / SNR (gamma = snr_gamma = 5): full weight wherever SNR <= 5
+    (every point the sampler visits) and gamma / SNR on the nearly clean, easy levels. Naming, to be
+    exact: that is min-SNR-gamma's weight for a noise-space loss (Hang et al. 2023), used here on an
+    x-space loss (min-SNR proper would weight an x-space loss by min(SNR, gamma)); the recipes were
+    tuned with it as it is.
     both_terms=False gives each sample one of the two terms, at random: the same loss in expectation
     (halved) for one network pass per sample instead of two."""
     eps = torch.randn_like(x0)

@@ -8,9 +8,24 @@ the action a point in the image (image_point_dims, as pusht.py's collector write
 pointer is the action; otherwise actions are typed in. Reset starts again from a random held-out
 real frame; Record writes every frame seen and action sent as a new dataset folder under record_dir
 (one per recording; a reset starts a new episode), in the format data.py reads, so it can be mixed
-into a training set (convert.py --format=concat). The server binds to 127.0.0.1 unless --host says
-otherwise; each request runs one model step under a lock (the noisy-context sliding-window sampler,
-constant cost per frame).
+into a training set (convert.py --format=concat --src=DATA,RECORDING --out_dir=MIXED). The server binds
+to 127.0.0.1 unless --host says otherwise; each request runs one model step under a lock (the
+noisy-context sliding-window sampler, constant cost per frame). Its options are rollout.py's (the
+checkpoint and sampler knobs: ckpt, ae_ckpt, data_dir, window, ctx_level, decode_steps, seed, device)
+and the four below.
+
+The HTTP interface the page uses (JSON in and out; tested directly, so a script may drive it too):
+    GET  /         the page, with the action space filled in
+    GET  /info     {image_size, action_dim, action_low, action_high, fps, mouse, steps, last_action, recording}
+    POST /step     {"action": [a_1, ..., a_A]} (finite numbers inside action_low..action_high): one model
+                   step; replies {frame: base64 PNG, step, recording, recorded, saved, action}
+    POST /reset    {}: a new start from a random held-out real frame (ends a recorded episode); same reply
+    POST /record   {"on": true|false} (no "on": toggle): start, or stop and save, a recording; same reply,
+                   "saved" naming the dataset folder written
+A malformed request gets a 4xx with {"error": ...} (413 for a body over MAX_BODY bytes, 405 for a wrong
+method, 404 for an unknown path) and the server keeps serving; a failure while serving (e.g. an
+unwritable record_dir) is a 500 with the error, and the recording is kept so a stop can be retried.
+A recording stops and is saved by itself after max_record_steps frames.
 """
 import base64
 import io
@@ -35,6 +50,14 @@ port = 8765  # 0 = any free port
 record_dir = 'out/play'  # one new dataset folder per recording in here
 max_record_steps = 6000  # a recording stops (and is saved) after this many steps (10 min at 10 Hz)
 # ------------------------------------------------------------------------------------
+# The page: a canvas showing the model's frame at 512 x 512 (nearest-neighbour upscaling), a reset and a
+# record button, the live FPS. Its loop posts the current action to /step and draws the reply, again and
+# again, so frames keep coming whatever the user does; the next request leaves only once a reply is in,
+# so a slow model slows the page down instead of queueing requests at the server. The action: with
+# info.mouse, the pointer's position over the canvas mapped linearly onto action_low..action_high
+# (x -> dim 0, y -> dim 1, y down as in the frame); otherwise the arrow keys move dims 0 and 1 by 5 % of
+# their range (any others stay at the middle). The target that produced a frame is drawn on it as a red
+# cross. window.sim (frames drawn, the last reply, the last error) is there for the browser test to read.
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>world model: play</title>
 <style>
@@ -117,10 +140,14 @@ async function loop() {
 loop();
 </script></body></html>
 """
-MAX_BODY = 4096  # bytes: an action is a few numbers
+# Requests are small: an action is a few numbers. A larger body is refused before it is read (413), so a
+# client cannot make the server read or parse megabytes.
+MAX_BODY = 4096  # bytes
 
 
 class HTTPError(Exception):
+    """A request the server refuses: the HTTP status code to answer with, and the message."""
+
     def __init__(self, code, msg):
         super().__init__(msg)
         self.code = code
@@ -128,7 +155,14 @@ class HTTPError(Exception):
 
 class Play:
     """One live session of the world model: the current frame, resets from held-out real frames, and
-    recording (frames seen + actions sent) into the dataset format. All calls hold one lock."""
+    recording (frames seen + actions sent) into the dataset format. All calls hold one lock, so requests
+    from several connections (or tabs) take turns and the model runs one step at a time.
+
+    A recording is a list of finished episodes plus the one in progress: its frames start with the frame
+    shown when recording (or the episode, after a reset) began, and every step adds the action sent and
+    the frame it produced, so an episode holds one frame more than actions. Closing it repeats the last
+    action once (the dataset format has an action for every frame; the last one has no next frame). An
+    episode without a single step is dropped."""
 
     def __init__(self, cfg, sim, ck, ds):
         self.cfg, self.sim, self.ck, self.ds = cfg, sim, ck, ds
@@ -137,17 +171,21 @@ class Play:
         self.high = np.asarray(meta['action_high'], np.float64)
         self.lock = threading.Lock()
         self.rng = np.random.default_rng(cfg['seed'])
-        self.rec = None  # while recording: {'episodes': [...], 'frames': [...], 'actions': [...]}
+        # while recording: {'episodes': [(frames, actions), ...] finished, 'frames': [...], 'actions': [...]}
+        self.rec = None
         self.steps, self.last_action, self.saved = 0, None, None
         self.reset()
 
     def info(self):
+        """What the page needs to know (GET /info). mouse: the pointer is the action only where meta.json
+        says the 2-d action is a point in the image, (x, y) = image_point_dims [0, 1]."""
         meta = self.ck['data']['meta']
         return {'image_size': self.sim.S, 'action_dim': self.sim.A, 'action_low': self.low.tolist(),
                 'action_high': self.high.tolist(), 'fps': meta.get('fps', 10), 'mouse': self.sim.A == 2 and meta.get('image_point_dims') == [0, 1],
                 'steps': self.steps, 'last_action': self.last_action, 'recording': self.rec is not None}
 
     def reset(self):
+        """Start again from a random held-out real frame; a running recording closes its episode here."""
         with self.lock:
             self.frame = self.sim.reset(rollout.held_out_starts(self.ds, self.ck, 1, self.rng))[0]
             self.steps = 0
@@ -157,6 +195,7 @@ class Play:
             return self._reply()
 
     def step(self, action):
+        """One model step with a checked action (parse_action); recorded when recording, saved at max_record_steps."""
         a = np.asarray(action, np.float64)
         with self.lock:
             self.frame = self.sim.step(a[None].astype(np.float32))[0]
@@ -170,6 +209,7 @@ class Play:
             return self._reply()
 
     def record(self, on):
+        """Start recording (from the current frame), or stop and save; asking for the current state is a no-op."""
         with self.lock:
             if on and self.rec is None:
                 self.rec, self.saved = {'episodes': [], 'frames': [self.frame], 'actions': []}, None
@@ -178,12 +218,15 @@ class Play:
             return self._reply()
 
     def _close_episode(self):
+        """Move the frames and actions of the current episode to the finished ones."""
         f, a = self.rec['frames'], self.rec['actions']
-        if len(a) >= 1:  # an episode needs a step; the last frame's action (no next frame) repeats the last sent
+        # an episode needs a step; the last frame's action (no next frame) repeats the last one sent
+        if len(a) >= 1:
             self.rec['episodes'].append((np.stack(f), np.stack(a + [a[-1]])))
         self.rec['frames'], self.rec['actions'] = [], []
 
     def _stop(self):
+        """End the recording: write its episodes as a new dataset folder under record_dir (play-DATE-TIME[-n])."""
         self._close_episode()
         eps = self.rec['episodes']
         if eps:
@@ -192,8 +235,12 @@ class Play:
             while os.path.exists(path if n == 1 else f"{path}-{n}"):
                 n += 1
             path = path if n == 1 else f"{path}-{n}"
-            meta = {key: self.ck['data']['meta'][key] for key in ('fps', 'action_low', 'action_high')}
-            meta['source'] = f"world model {os.path.abspath(self.cfg['ckpt'])}, driven live (play.py)"
+            src = self.ck['data']['meta']
+            # the action space and its meaning carry over (image_point_dims: the dynamics may draw the action
+            # as a map); the source names the model's own data, so a recording of Push-T stays Push-T (pusht.is_pusht)
+            meta = {key: src[key] for key in ('fps', 'action_low', 'action_high', 'image_point_dims') if key in src}
+            meta['source'] = (f"world model {os.path.abspath(self.cfg['ckpt'])}, driven live (play.py), "
+                              f"trained on: {src.get('source')}")
             try:
                 os.makedirs(self.cfg['record_dir'], exist_ok=True)
                 D.write_dataset(path, [f for f, _ in eps], [a for _, a in eps], meta)
@@ -204,6 +251,10 @@ class Play:
         self.rec, self.saved = None, (path if eps else None)
 
     def _reply(self):
+        """The JSON reply to /step, /reset and /record: the current frame as a base64 PNG (lossless, so what
+        the page shows is what is recorded), the step count since the last reset, whether recording and how
+        many frames so far, the folder the last recording was saved to, and the action that produced the
+        frame (None right after a reset)."""
         from PIL import Image
         buf = io.BytesIO()
         Image.fromarray(self.frame).save(buf, format='PNG')
@@ -212,6 +263,8 @@ class Play:
                 'recorded': n, 'saved': self.saved, 'action': self.last_action if self.steps else None}
 
     def parse_action(self, body):
+        """The action of a /step body: a list of action_dim finite numbers (no bools) inside the action space,
+        else HTTPError 400."""
         a = body.get('action') if isinstance(body, dict) else None
         if not isinstance(a, list) or len(a) != self.sim.A:
             raise HTTPError(400, f"'action' must be a list of {self.sim.A} numbers")
@@ -223,16 +276,21 @@ class Play:
 
 
 def _no_constant(c):
+    # json.loads' parse_constant: NaN and Infinity are not JSON numbers, refuse them
     raise ValueError(f"{c} is not a JSON number")
 
 
 class PlayHandler(BaseHTTPRequestHandler):
-    timeout = 30  # an idle browser connection never holds its thread for long
+    """The HTTP interface (the top of the file) over the server's Play session."""
+    # browsers keep connections open between requests: a connection idle for this long is closed, so it
+    # never holds its thread for long
+    timeout = 30
 
-    def log_message(self, fmt, *args):  # quiet: one line per frame would flood the terminal
-        pass
+    def log_message(self, fmt, *args):
+        """Quiet: the default logs a line per request, one per frame, which would flood the terminal."""
 
     def _send(self, code, obj, ctype='application/json'):
+        """Answer with status code and obj (bytes as they are, else JSON); never cached."""
         body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
         self.send_response(code)
         self.send_header('Content-Type', ctype)
@@ -242,6 +300,7 @@ class PlayHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _body(self):
+        """The request's JSON object body ({} when empty); HTTPError 400 / 413 for anything else."""
         try:
             n = int(self.headers.get('Content-Length') or 0)
         except ValueError:
@@ -261,23 +320,25 @@ class PlayHandler(BaseHTTPRequestHandler):
         return body
 
     def _handle(self, fn):
+        """Run a request handler, turning every error into an answer so the server keeps serving; a client
+        that went away gets none."""
         try:
             try:
                 fn()
             except HTTPError as e:
                 self._send(e.code, {'error': str(e)})
-            except OSError as e:
-                if isinstance(e, ConnectionError):
-                    raise
-                self._send(500, {'error': f"{type(e).__name__}: {e}"})
+            except ConnectionError:
+                raise
             except Exception as e:  # keep serving whatever happened (e.g. the record folder is not writable)
                 self._send(500, {'error': f"{type(e).__name__}: {e}"})
         except ConnectionError:  # the page went away mid-request (a closed tab): nothing to answer
             self.close_connection = True
 
     def do_GET(self):
+        """/ and /info; the POST paths answer 405, anything else 404."""
         play, path = self.server.play, urlsplit(self.path).path
 
+        # the answer is sent from inside _handle, which turns an HTTPError (or any failure) into an error reply
         def get():
             if path == '/':
                 self._send(200, PAGE.replace('__INFO__', json.dumps(play.info())).encode(), 'text/html; charset=utf-8')
@@ -290,8 +351,10 @@ class PlayHandler(BaseHTTPRequestHandler):
         self._handle(get)
 
     def do_POST(self):
+        """/step, /reset and /record; anything else 404 (the body unread: the connection is closed)."""
         play, path = self.server.play, urlsplit(self.path).path
 
+        # as in do_GET: _handle answers whatever goes wrong; the body is read only for a known path
         def post():
             if path not in ('/step', '/reset', '/record'):
                 self.close_connection = True
@@ -309,13 +372,16 @@ class PlayHandler(BaseHTTPRequestHandler):
         self._handle(post)
 
     def _not_allowed(self):
+        """PUT, DELETE and PATCH: 405."""
         self._send(405, {'error': f"method {self.command} not allowed"})
 
     do_PUT = do_DELETE = do_PATCH = _not_allowed
 
 
 def make_play_server(cfg, sim, ck, ds):
-    """A threading HTTP server (one model call at a time, under Play's lock) on cfg host:port; port 0 = any free one."""
+    """A threading HTTP server on cfg host:port (port 0 = any free one; server_address says which) with
+    its Play session as .play. One thread per connection, so a stalled browser never blocks another;
+    the model still runs one call at a time, under Play's lock. The caller runs serve_forever."""
     srv = ThreadingHTTPServer((cfg['host'], cfg['port']), PlayHandler)
     srv.daemon_threads = True
     srv.play = Play(cfg, sim, ck, ds)
@@ -323,7 +389,8 @@ def make_play_server(cfg, sim, ck, ds):
 
 
 def main(cfg):
-    """Serve the play page until Ctrl-C; a running recording is saved."""
+    """Load the world model and its dataset (for the held-out start frames), serve the play page until
+    Ctrl-C; a running recording is saved then."""
     torch.manual_seed(cfg['seed'])
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])

@@ -30,19 +30,19 @@ ckpt = 'out/dyn/ckpt.pt'
 ae_ckpt = ''  # '' = the autoencoder the dynamics checkpoint names
 data_dir = ''  # '' = the dataset the dynamics checkpoint was trained on (its held-out episodes)
 out_dir = 'out/eval'
-num_episodes = 8
-horizon = 192
+num_episodes = 8  # held-out episodes rolled out (the first ones of the checkpoint's val split longer than horizon)
+horizon = 192  # predicted steps per episode, open loop from its first frame (19.2 s at 10 Hz)
 window = 0  # 0 = the training window stored in the checkpoint
 ctx_level = 15  # noise level the context latents are labelled with
 decode_steps = 3  # decoder jumps per frame
 batch_size = 8  # episodes rolled out in parallel
-seed = 0
+seed = 0  # noise seed of the sampler: the same seed gives the same rollout
 lpips_dir = ''  # folder holding alexnet-owt-7be5be79.pth; '' = the torch hub cache
 fid_weights = ''  # Inception weights file for FID ('' = $WM_FID_WEIGHTS); missing -> reported unavailable
 fvd_weights = ''  # StyleGAN-V's i3d_torchscript.pt for FVD ('' = $WM_FVD_WEIGHTS); missing -> unavailable
 fps_steps = 20  # timed steps for the batch-1 FPS (after 3 warm-up steps)
-video_episodes = 4
-device = 'auto'
+video_episodes = 4  # rows of rollout.gif
+device = 'auto'  # cuda, then mps, then cpu; or name one
 # ------------------------------------------------------------------------------------
 METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips')
 

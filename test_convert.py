@@ -38,6 +38,7 @@ def _conv_frames(T, H, W, seed):
 
 
 def _conv_actions(T, A, seed):
+    """Random (T, A) float32 actions in -2..5, different per seed."""
     return np.random.default_rng(seed).uniform(-2, 5, (T, A)).astype(np.float32)
 
 
@@ -59,6 +60,7 @@ def _conv_check(out, frames, actions, lossy=False):
 
 
 def _conv_zarr_put(group, name, arr):
+    """Write an array into a zarr group (zarr 3: create_array; zarr 2: create_dataset), in a few chunks."""
     # zarr 3 has create_array; zarr 2 has create_dataset
     if hasattr(group, 'create_array'):
         group.create_array(name, data=arr, chunks=arr.shape if arr.ndim < 4 else (3,) + arr.shape[1:])
@@ -68,6 +70,7 @@ def _conv_zarr_put(group, name, arr):
 
 @pytest.mark.parametrize('zarr_format', [2, 3])
 def test_convert_zarr(tmp_path, zarr_format):
+    """A replay buffer (zarr v2 and v3): frames, actions, states, episodes; stride 2 on absolute actions."""
     zarr = pytest.importorskip('zarr')
     if zarr_format == 3 and not zarr.__version__.startswith('3'):
         pytest.skip('zarr v3 stores need zarr 3')
@@ -117,6 +120,7 @@ def _conv_jpeg_rows(frames):
 
 
 def _conv_write_aloha(path, frames, actions, qpos, jpeg=False, cams=('top', 'wrist')):
+    """One ALOHA episode_*.hdf5 with two cameras (the second sees the inverted frames), raw or JPEG rows."""
     h5py = pytest.importorskip('h5py')
     with h5py.File(path, 'w') as f:
         f.attrs['sim'] = True
@@ -136,6 +140,7 @@ def _conv_write_aloha(path, frames, actions, qpos, jpeg=False, cams=('top', 'wri
 
 @pytest.mark.parametrize('jpeg', [False, True])
 def test_convert_hdf5(tmp_path, jpeg):
+    """ALOHA hdf5, raw and JPEG: natural episode order, --camera required with two views, colours unswapped."""
     pytest.importorskip('h5py')
     src = tmp_path / 'aloha'
     src.mkdir()
@@ -158,6 +163,7 @@ def test_convert_hdf5(tmp_path, jpeg):
 
 
 def test_convert_hdf5_bad_episode(tmp_path):
+    """An inconsistent episode stops the conversion naming file and problem, and leaves nothing behind."""
     pytest.importorskip('h5py')
     src = tmp_path / 'aloha'
     src.mkdir()
@@ -173,6 +179,7 @@ def test_convert_hdf5_bad_episode(tmp_path):
 
 
 def _conv_write_mp4(path, frames, fps):
+    """Encode frames as an mp4 (mpeg4, high bit rate) with one frame every 1/fps s."""
     av = pytest.importorskip('av')
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with av.open(str(path), 'w') as box:
@@ -189,6 +196,7 @@ def _conv_write_mp4(path, frames, fps):
 
 
 def _conv_lerobot_table(ep, actions, states, start_index, fps):
+    """The parquet rows of one LeRobot episode."""
     import pyarrow as pa
     T, A = actions.shape
     return pa.table({
@@ -203,6 +211,7 @@ def _conv_lerobot_table(ep, actions, states, start_index, fps):
 
 
 def _conv_lerobot_info(version, T_total, E, cam, A, fps):
+    """A LeRobot meta/info.json for v2.x (one file per episode) or v3.x (shared files)."""
     v2 = version.startswith('v2')
     return {
         'codebase_version': version, 'robot_type': 'test', 'fps': fps, 'total_episodes': E,
@@ -225,6 +234,7 @@ def _conv_lerobot_info(version, T_total, E, cam, A, fps):
 
 
 def test_convert_lerobot_v2(tmp_path):
+    """LeRobot v2.1: one parquet and one mp4 per episode, the camera picked by its last name part."""
     pytest.importorskip('pyarrow')
     pytest.importorskip('av')
     import pyarrow.parquet as pq
@@ -252,6 +262,7 @@ def test_convert_lerobot_v2(tmp_path):
 
 
 def test_convert_lerobot_v3(tmp_path):
+    """LeRobot v3.0: episodes share one parquet and one mp4; each gets its own stretch, frame-exact; stride 3."""
     pytest.importorskip('pyarrow')
     pytest.importorskip('av')
     import pyarrow as pa
@@ -298,6 +309,7 @@ def test_convert_lerobot_v3(tmp_path):
 
 
 def _conv_write_folder(root, k, frames, actions, header=None):
+    """Episode folder ep{k}: numbered PNGs and actions.csv (with a header line of column names if given)."""
     from PIL import Image
     ep = root / f'ep{k}'
     ep.mkdir(parents=True)
@@ -309,6 +321,7 @@ def _conv_write_folder(root, k, frames, actions, header=None):
 
 
 def test_convert_folder(tmp_path):
+    """Image folders: centre crop of non-square frames, columns picked by name, stride 2 on delta actions."""
     src = tmp_path / 'eps'
     lengths = [12, 5]
     frames = [_conv_frames(T, 16, 24, k) for k, T in enumerate(lengths)]  # not square: centre crop
@@ -325,6 +338,7 @@ def test_convert_folder(tmp_path):
 
 
 def test_convert_folder_bad_and_skip(tmp_path):
+    """A corrupt image or a NaN action stops the conversion naming it; skip_bad skips the episode instead."""
     src = tmp_path / 'eps'
     frames = [_conv_frames(4, 16, 16, k) for k in range(3)]
     actions = [_conv_actions(4, 2, k) for k in range(3)]
@@ -420,6 +434,7 @@ def test_stride_keeps_the_alignment(tmp_path, kinds):
 
 
 def test_stride_needs_a_valid_action_kind(tmp_path):
+    """stride > 1 without action_kind, an unknown kind, or a kinds list of the wrong length is refused."""
     src = tmp_path / 'eps'
     _conv_write_folder(src, 0, _conv_frames(6, 8, 8, 0), _conv_actions(6, 3, 0))
     kw = dict(image_size=8, fps=10, stride=2)
@@ -484,6 +499,8 @@ def _concat_part(path, lengths, seed, size=8, states=True, meta=None):
 
 
 def test_concat(tmp_path):
+    """--format=concat: episodes in order, meta merged (image points and kind only when all agree), states
+    only when every part has them; mismatched image size or action kinds refused."""
     pts = dict(image_point_dims=[0, 1], action_low=[-1.0, -1.0], action_high=[1.0, 1.0])
     fa, aa, sa = _concat_part(tmp_path / 'a', [4, 3], 1, meta=dict(pts, action_kind='delta', stride=2))
     fb, ab, sb = _concat_part(tmp_path / 'b', [5], 2, meta=dict(pts, action_kind='delta', stride=3))
@@ -565,6 +582,8 @@ def own_data(tmp_path_factory):
 
 
 def test_own_data_converts_trains_and_rolls_out(own_data):
+    """The own-data path: converted pixels move as the strided actions say; stage 2 with
+    config/dyn_own_cpu.py and rollout.py run, metrics.json has the model and copy rows."""
     d = data.load_dataset(own_data['data'])
     assert d['meta']['fps'] == 10 and d['meta']['action_dim'] == 3 and 'image_point_dims' not in d['meta']
     # the converted pixels move as the converted actions say: the square's corner at kept frame j+1 is

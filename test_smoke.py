@@ -570,6 +570,19 @@ def test_load_rejects_corrupt_datasets_naming_the_file(tmp_path):
         data.load_dataset(str(tmp_path / 'nowhere'))
 
 
+@pytest.mark.parametrize('dims', [[0], [0, 0], [0, 2], [1, 0.5], 'xy'])
+def test_load_rejects_bad_image_point_dims(tmp_path, dims):
+    """image_point_dims must name two different action dims with a real range (the action map's frame)."""
+    frames, actions, _, meta = _tiny_episodes()
+    out = str(tmp_path / 'ds')
+    data.write_dataset(out, frames, actions, dict(meta, image_point_dims=[1, 0]))  # a valid declaration loads
+    assert data.load_dataset(out)['meta']['image_point_dims'] == [1, 0]
+    m = json.load(open(f'{out}/meta.json'))
+    json.dump(dict(m, image_point_dims=dims), open(f'{out}/meta.json', 'w'))
+    with pytest.raises(data.DatasetError, match='image_point_dims'):
+        data.load_dataset(out)
+
+
 def test_split_and_action_stats_use_train_only():
     train, val = data.split_episodes(10, val_frac=0.2, seed=3)
     assert (train, val) == data.split_episodes(10, val_frac=0.2, seed=3)  # deterministic

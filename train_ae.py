@@ -37,18 +37,18 @@ finetune = False  # decoder fine-tune on out_dir/ckpt.pt (stage 3 of the referen
 decoder_type = 'consistency'  # or 'deterministic': the ablation's plain decoder (one pass, MSE); with
 # finetune=True it is trained from scratch on the frozen encoder of init_ckpt into out_dir/ckpt_deterministic.pt
 init_ckpt = ''  # the stage-1 checkpoint a fine-tune starts from; '' = out_dir/ckpt.pt
-val_frac = 0.1
-split_seed = 0
-# model
-enc_ch = 16
-dec_ch = (16, 32, 64)
-dec_attn = (False, False, True)
-latent_ch = 4
-emb_dim = 64
-heads = 2
+val_frac = 0.1  # share of episodes held out (by episode, so no clip straddles the split)
+split_seed = 0  # stage 2 must use the same split, so its held-out episodes stay unseen by both stages
+# model (model.Encoder / model.Decoder)
+enc_ch = 16  # encoder width; it downsamples 4x, so a 64x64 frame becomes a 16x16 latent
+dec_ch = (16, 32, 64)  # decoder UNet widths per level: narrow at full resolution, where CPU time goes
+dec_attn = (False, False, True)  # self-attention only at the coarsest level (cheap there)
+latent_ch = 4  # latent channels, unit norm per latent pixel (model.unit_norm)
+emb_dim = 64  # width of the noise-level embedding that FiLMs every decoder block
+heads = 2  # attention heads
 decode_steps = 3  # K jumps from noise to image at sampling time
-# loss
-snr_gamma = 5.0
+# loss (model.decoder_loss)
+snr_gamma = 5.0  # gamma of the loss weight min(SNR, gamma) / SNR: near-clean levels do not dominate (model.decoder_loss)
 both_terms = False  # True: both loss terms for every sample (2 passes); False: one at random
 p_sched = 0.5  # fraction of samples whose (t, s) is a consecutive pair of the K-jump sampling path
 ft_z_noise = 0.02  # fine-tune: std of Gaussian noise added to z
@@ -56,15 +56,15 @@ ft_z_noise = 0.02  # fine-tune: std of Gaussian noise added to z
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
 grad_accum = 1  # micro-batches per rank per optimizer step
 max_iters = 3000
-lr = 2e-3
+lr = 2e-3  # peak learning rate: linear warm-up, then cosine decay to min_lr at max_iters
 min_lr = 2e-4
 warmup_iters = 100
 weight_decay = 0.0
-grad_clip = 1.0
+grad_clip = 1.0  # clip the global gradient norm: one bad batch cannot throw the weights far
 # logging / eval
 log_interval = 50
-eval_interval = 500
-eval_frames = 64
+eval_interval = 500  # validation reconstruction, sample grid and checkpoint every this many iters
+eval_frames = 64  # held-out frames reconstructed at each evaluation
 ckpt_interval = 0  # write the latest checkpoint every this many iters (0 = eval_interval); evals write it too
 seed = 0
 # 'stream': each rank draws its batches and noise from its own RNG streams (saved in the checkpoint, so
@@ -105,9 +105,10 @@ def evaluate(enc, dec, frames_u8, abar, dev, K, gen_seed=0):
     x = M.frames_to_tensor(frames_u8, dev)
     g = torch.Generator().manual_seed(gen_seed)
     recon = torch.cat([M.decode(dec, enc(x[i:i + 32]), K, abar, x.shape[-1], g) for i in range(0, len(x), 32)])
-    a, b = (recon + 1) / 2, (x + 1) / 2
+    a, b = (recon + 1) / 2, (x + 1) / 2  # [-1, 1] -> [0, 1]: the metrics' data range 1
     enc.train(), dec.train()
-    return Mx.psnr(a, b).mean().item(), Mx.ssim(a, b).mean().item(), recon
+    # PSNR of the mean MSE (metrics.psnr: a mean of per-frame PSNRs would reward exactly copied frames)
+    return float(Mx.psnr_from_mse(Mx.mse(a, b).mean().item())), Mx.ssim(a, b).mean().item(), recon
 
 
 ARCH_KEYS = ('enc_ch', 'dec_ch', 'dec_attn', 'latent_ch', 'emb_dim', 'heads')

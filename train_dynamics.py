@@ -38,13 +38,13 @@ ae_ckpt = 'out/ae/ckpt.pt'
 out_dir = 'out/dyn'
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 val_frac = 0.1  # the split must match stage 1's so held-out episodes stay held out
-split_seed = 0
-# model
+split_seed = 0  # as stage 1's
+# model (model.Dynamics)
 window = 10  # frames per training window: window-1 context + 1 new
-dyn_ch = 64
-dyn_depth = 2
-dyn_emb = 128
-dyn_heads = 4
+dyn_ch = 64  # width of every block; the latent grid is never downsampled (S/4 throughout)
+dyn_depth = 2  # blocks on each side of the middle one (UNet-style skips at the same resolution)
+dyn_emb = 128  # width of the noise-level and action embeddings that FiLM each block
+dyn_heads = 4  # heads of the spatial and the causal temporal attention
 dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the middle one ('mid')
 dyn_action_map = False  # draw the action as a spot on the latent grid (model.Dynamics); only for data whose meta.json
                         # declares image_point_dims (the action is a point in the image, as in Push-T)
@@ -57,18 +57,18 @@ own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop 
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
 grad_accum = 1  # micro-batches per rank per optimizer step
 max_iters = 2000
-lr = 1e-3
+lr = 1e-3  # peak learning rate: linear warm-up, then cosine decay to min_lr at max_iters
 min_lr = 1e-4
 warmup_iters = 100
 weight_decay = 0.0
-grad_clip = 1.0
+grad_clip = 1.0  # clip the global gradient norm
 # logging / eval
 log_interval = 50
-eval_interval = 500
-val_episodes = 8
+eval_interval = 500  # open-loop validation, sample strip and checkpoint every this many iters
+val_episodes = 8  # held-out episodes in that validation
 val_horizon = 30  # short open-loop latent rollout in validation
 ctx_level = 15  # the context label at inference
-decode_steps = 3
+decode_steps = 3  # decoder jumps for the sample strip (a deterministic decoder makes one pass)
 ckpt_interval = 0  # write the latest checkpoint every this many iters (0 = eval_interval); evals write it too
 seed = 0
 # 'stream': each rank draws its windows and noise from its own RNG streams (saved in the checkpoint, so
@@ -141,6 +141,13 @@ def main():
     S = int(ds['frames'].shape[1])
     if S != ae['data']['image_size']:
         raise SystemExit(f"data {data_dir!r} has {S}x{S} frames but the autoencoder {ae_ckpt!r} was trained on {ae['data']['image_size']}")
+    # whether an action is a point in the image is a fact about the data: meta.json says so (checked before any work)
+    dims = ds['meta'].get('image_point_dims')
+    if dyn_action_map and not (isinstance(dims, list) and len(dims) == 2):
+        raise SystemExit(f"dyn_action_map=True draws the action as a point in the image, but {data_dir}/meta.json does "
+                         f"not declare which action dims are one (image_point_dims, e.g. [0, 1] for Push-T's (x, y) "
+                         f"target); its {ds['actions'].shape[1]}-d actions are not drawn. Train with --dyn_action_map=False, or "
+                         f"add image_point_dims to meta.json if two action dims really are an (x, y) image position.")
     ends = ds['episode_ends']
     ranges = D.episode_ranges(ends)
     train_ids, val_ids = D.split_episodes(len(ends), val_frac, split_seed)
@@ -176,13 +183,7 @@ def main():
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     amap = None
-    if dyn_action_map:  # whether an action is a point in the image is a fact about the data: meta.json says so
-        dims = ds['meta'].get('image_point_dims')
-        if not (isinstance(dims, list) and len(dims) == 2):
-            raise SystemExit(f"dyn_action_map=True draws the action as a point in the image, but {data_dir}/meta.json does "
-                             f"not declare which action dims are one (image_point_dims, e.g. [0, 1] for Push-T's (x, y) "
-                             f"target); its {A}-d actions are not drawn. Train with --dyn_action_map=False, or add "
-                             f"image_point_dims to meta.json if two action dims really are an (x, y) image position.")
+    if dyn_action_map:
         amap = M.point_map(dims, stats, ds['meta']['action_low'], ds['meta']['action_high'], S, z_all.shape[-1])
     dyn = M.Dynamics(z_all.shape[1], dyn_ch, dyn_depth, A, dyn_emb, dyn_heads, dyn_spatial_attn, amap,
                      dyn_residual).to(dev)

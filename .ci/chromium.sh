@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI helper: Debian's headless Chromium and its chromedriver, for the play page's browser test
-# (test_smoke.py::test_sim_play_in_browser; it skips when they are missing). Run as root.
+# (test_pusht.py::test_sim_play_in_browser; it skips when they are missing). Run as root.
 set -euo pipefail
 if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
   exit 0
