@@ -7,8 +7,9 @@ Starting from a trained world model (the README's main command makes out/dyn/ckp
 open-loop evaluation (same held-out episodes, same seed) of the model with one thing changed: pusht.py's
 (rollout.py's plus the agent and T-block scores read from the frames) when the model's data is
 gym-pusht's (pusht.is_pusht: meta.json declares image_point_dims and its source names gym_pusht),
-else rollout.py's generic image metrics alone. Two rows need their own training, done here when their checkpoint is missing (and reused
-when it is there), with the full model's own config, so only the ablated thing differs:
+else rollout.py's generic image metrics alone (the table then has those columns only). Some rows need
+their own training, done here when their checkpoint is missing (and reused when it is there), with the
+full model's own config, so only the ablated thing differs:
 
   full model              context noise in training, context level 15 at inference, 3 decoder jumps
   1 decoder jump          the same networks, K = 1

@@ -4,6 +4,7 @@ How fast and how steady the live loop is.
     python bench.py --mode=speed                                   # random-init CPU and paper-size models
     python bench.py --mode=speed --ckpt=out/dyn/ckpt.pt            # a trained world model
     python bench.py --mode=stability --ckpt=out/dyn/ckpt.pt --steps=9000
+    python bench.py --mode=diagnose --ckpt=out/dyn/ckpt.pt --out_dir=out/diagnose   # Push-T models
 
 speed: frames per second of rollout.Simulator.step (one dynamics jump + decode_steps decoder jumps,
 uint8 frame out) at batch 1 after warm-up; frames per second of N parallel rollouts; the cost of the
@@ -11,9 +12,9 @@ same networks in a multi-step sampler (multi_steps dynamics passes and multi_ste
 frame, as a diffusion world model would be), as a slow-down ratio. The Simulator has no such option
 (training only ever draws the one 999 -> 0 dynamics jump), so that row is timed by calling the nets
 multi_steps times per frame (_multi_stepper): its cost is real, its frames are not a sampler to use.
-Also FLOPs per frame (torch.utils.flop_counter) and the FLOP/s they reach
-against this machine's fp32 matmul rate measured in the same run. Random weights are fine for speed:
-the cost of a forward pass does not depend on the values. Writes OUT/speed.json, prints a markdown table.
+Also FLOPs per frame (torch.utils.flop_counter) and the FLOP/s they reach against this machine's fp32
+matmul rate measured in the same run. Random weights are fine for speed: the cost of a forward pass
+does not depend on the values. Writes OUT/speed.json, prints a markdown table.
 
 stability: drives one world model for `steps` frames with smooth random actions (a damped random walk
 on the commanded position: v <- act_smooth v + act_sigma range N(0, 1) - act_pull (a - centre),
@@ -202,7 +203,7 @@ def _stepper(sim, N, dev, cfg, rng):
     ctr = [0]
     use_bf16 = cfg['bf16'] and str(dev).startswith('cuda')
 
-    def step():
+    def step():  # the next of 64 pre-drawn actions, so drawing them is not timed
         ctr[0] += 1
         with torch.autocast('cuda', dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext():
             sim.step(acts[ctr[0] % 64])
@@ -220,7 +221,7 @@ def _multi_stepper(sim, K, dev, cfg, rng):
     ctr = [0]
     use_bf16 = cfg['bf16'] and str(dev).startswith('cuda')
 
-    def step():
+    def step():  # as in _stepper: pre-drawn (already normalised) actions
         ctr[0] += 1
         a = acts[ctr[0] % 64]
         with torch.autocast('cuda', dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext():
@@ -309,7 +310,7 @@ def bench_speed(cfg):
 
 def speed_table(out):
     """Markdown table of a speed result; '~' marks numbers estimated from the per-jump timings."""
-    def v(d):
+    def v(d):  # an FPS cell, '~' when estimated
         return ('~' if d['estimated'] else '') + f"{d['fps']:.3g}"
     Ns = sorted({int(n) for r in out['results'] for n in r['fps_by_batch']})
     head = ['recipe', 'size', 'params (M)', 'GFLOP/frame', 'FPS b1'] + [f"frames/s N={n}" for n in Ns if n != 1] + \

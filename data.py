@@ -24,14 +24,10 @@ On-disk format. A dataset is one folder DIR holding:
                                                      # the image, action_low..action_high spanning the
                                                      # frame edge to edge (x = column, y = row); only
                                                      # then may the dynamics draw the action as a map
-    states.npy        float32 (N, 5), optional. For Push-T: agent_x, agent_y, block_x, block_y,
-                                            block_angle, as gym_pusht's state observation gives them:
-                                            simulator units 0..512 (pixel column = x / 512 * H,
-                                            pixel row = y / 512 * H, y is not flipped), (block_x,
-                                            block_y) is the T's body origin (middle of the top edge
-                                            of its bar, not its centre of mass), angle in radians
-                                            wrapped to [0, 2*pi). For testing pixel-based physics
-                                            metrics; training never reads it.
+    states.npy        float32 (N, k), optional: the simulator's state per frame where there is one
+                                            (pusht.py's collector writes the agent and T-block pose;
+                                            its docstring gives the units). For testing metrics that
+                                            read the state from pixels; training never reads it.
 
 A hand-written dataset, e.g. two episodes of 3 and 2 frames:
 

@@ -403,7 +403,9 @@ def load_i3d(path=None, device='cpu'):
     if not os.path.isfile(p):
         return None, f"unavailable: no I3D weights at {p}"
     try:
-        net = torch.jit.load(p, map_location=device).eval()
+        with warnings.catch_warnings():  # the weights only exist as TorchScript; torch's deprecation note is not actionable here
+            warnings.simplefilter('ignore', FutureWarning)
+            net = torch.jit.load(p, map_location=device).eval()
     except Exception as e:
         return None, f"unavailable: {p} does not load as TorchScript ({type(e).__name__})"
     return net, f"I3D (TorchScript) from {p}"

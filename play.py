@@ -181,7 +181,8 @@ class Play:
         says the 2-d action is a point in the image, (x, y) = image_point_dims [0, 1]."""
         meta = self.ck['data']['meta']
         return {'image_size': self.sim.S, 'action_dim': self.sim.A, 'action_low': self.low.tolist(),
-                'action_high': self.high.tolist(), 'fps': meta.get('fps', 10), 'mouse': self.sim.A == 2 and meta.get('image_point_dims') == [0, 1],
+                'action_high': self.high.tolist(), 'fps': meta.get('fps', 10),
+                'mouse': self.sim.A == 2 and meta.get('image_point_dims') == [0, 1],
                 'steps': self.steps, 'last_action': self.last_action, 'recording': self.rec is not None}
 
     def reset(self):
@@ -201,6 +202,7 @@ class Play:
             self.frame = self.sim.step(a[None].astype(np.float32))[0]
             self.steps += 1
             self.last_action = a.tolist()
+            # recorded as the dataset stores it (float32 actions), with the frame the action produced
             if self.rec is not None:
                 self.rec['actions'].append(a.astype(np.float32))
                 self.rec['frames'].append(self.frame)
@@ -231,6 +233,7 @@ class Play:
         eps = self.rec['episodes']
         if eps:
             path = os.path.join(self.cfg['record_dir'], time.strftime('play-%Y%m%d-%H%M%S'))
+            # never write over an earlier recording: a second one within the same second gets -2, then -3, ...
             n = 1
             while os.path.exists(path if n == 1 else f"{path}-{n}"):
                 n += 1

@@ -18,7 +18,7 @@ What it holds, top to bottom (one copy of each idea):
   extra scores);
 - route_around: how the agent walks round the T instead of through it (the collector and the Pusher);
 - the play-data collector (generate_pusht; its meta.json declares the action an image point, so the
-  dynamics may draw it as a map);
+  dynamics may draw it as a map), and is_pusht: is a dataset (its meta.json) gym-pusht's?
 - scripted policies (Hold, RandomWalk, Pusher; POLICIES), start states, policy evaluation: the same
   policies from the same start states in gym-pusht and inside the world model, scored on goal
   coverage read from the frames (policy_eval);
@@ -266,7 +266,7 @@ def block_pose(mask, ignore=None):
     angle in rad in [0, 2 pi)); NaN rows where the block is not found (min_pixels). pose_from_centroid
     turns a row into a pose.
 
-    Centroid: mean pixel centre of the mask pixels within the T's reach (82 sim units + 1.5 px) of the
+    Centroid: mean pixel centre of the mask pixels within the T's reach (TEE_REACH + 1.5 px) of the
     mask's median, then of their mean (so stray pixels elsewhere in a predicted frame are ignored).
     Angle, in two stages:
     1. moments: the T's symmetry axis is the major principal axis of the mask's second moments
@@ -284,7 +284,7 @@ def block_pose(mask, ignore=None):
     scale = W / SIM_SIZE
     out = np.full((B, 3), np.nan)
     ys, xs = np.mgrid[0:H, 0:W] + 0.5
-    r = 82 * scale + 1.5  # just beyond TEE_REACH, plus pixelisation
+    r = TEE_REACH * scale + 1.5  # the T's reach, plus pixelisation
     for i in np.nonzero(_found(m, 'block'))[0]:
         px, py = xs[m[i]], ys[m[i]]
         # stray pixels (decoder noise that happens to be slate-grey) would pull the moments: keep only
@@ -527,6 +527,11 @@ def generate_pusht(out_dir, num_episodes, episode_len, image_size, num_workers=2
 
     Workers are spawned, so a script calling this with num_workers > 1 needs the usual
     `if __name__ == '__main__':` guard. num_workers <= 1 collects in this process.
+    Besides the frames and actions (the agent's (x, y) target, 0..512 on the 512 board, declared an image
+    point in meta.json), it writes states.npy (N, 5): agent_x, agent_y, block_x, block_y, block_angle as
+    gym-pusht's state observation gives them: simulator units 0..512 (pixel column = x / 512 * S, pixel
+    row = y / 512 * S, y not flipped), (block_x, block_y) the T's body origin (the middle of the bar's
+    outer edge, not its centroid), the angle in radians in [0, 2 pi). Only tests of the pixel physics read it.
     """
     D._check_out_dir(out_dir, overwrite)
     if num_episodes < 1 or episode_len < 2:
@@ -580,7 +585,8 @@ class Hold:
         self.n, self.rng, self.target = n, np.random.default_rng(seed), None
 
     def _start(self, agent):
-        if self.target is None:  # first call: start from where the agent is seen (the middle if it is not)
+        """On the first call, the commanded target starts where the agent is seen (the middle if it is not)."""
+        if self.target is None:
             self.target = np.where(np.isnan(agent), 256.0, agent).clip(LO, HI)
 
     def act(self, agent, block):

@@ -51,6 +51,9 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     """Dynamics + the autoencoder it was trained on (encoder fingerprint checked)."""
     ck = load_checkpoint(ckpt_path, expect_kind='dynamics')
     c = ck['config']
+    if 'action_map' not in ck or 'dyn_residual' not in c:
+        raise SystemExit(f"checkpoint {ckpt_path!r} was written by an older version of train_dynamics.py (before the "
+                         f"action map's coordinates came from the data's meta.json); train stage 2 again")
     enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
     dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
                      c['dyn_spatial_attn'], ck['action_map'], c['dyn_residual'])

@@ -65,6 +65,8 @@ CLEAR_STATES = [[60, 460, 250, 250, 0.0], [450, 60, 200, 300, 1.0], [60, 60, 300
 
 
 def test_generate_pusht_shapes_motion_and_meta(tmp_path):
+    """The collector writes a valid dataset in which the agent moves, that declares its action an image point,
+    and that depends on the seed only."""
     out = str(tmp_path / 'pusht')
     pusht.generate_pusht(out, num_episodes=2, episode_len=12, image_size=32, num_workers=1, seed=0)
     d = data.load_dataset(out)
@@ -88,6 +90,8 @@ def test_generate_pusht_shapes_motion_and_meta(tmp_path):
 
 @pytest.mark.parametrize("S", [64, 96])
 def test_agent_centroid_and_block(S):
+    """The agent's centroid read from frames rendered at known states is within a pixel of the truth; a frame
+    scores perfectly against itself, moved ones do not."""
     frames, st = _frames(S, STATES)
     est = pusht.agent_position(frames)
     err = np.linalg.norm(est - st[:, :2] * S / 512, axis=1)  # no y flip: pixel = sim * S / 512
@@ -105,6 +109,8 @@ def test_agent_centroid_and_block(S):
 
 
 def test_physics_missing_agent_and_iou_edge_cases():
+    """A blank prediction gets the worst agent error (the diagonal) and IoU 0; two blank frames agree
+    perfectly."""
     frames, _ = _frames(64, STATES[:1])
     blank = np.full_like(frames, 255)  # a prediction that lost everything
     assert np.isnan(pusht.agent_position(blank)).all()
@@ -164,6 +170,8 @@ def test_block_pose_and_estimate_state_from_pixels(size):
 
 
 def test_physics_metrics():
+    """physics() is zero against itself, measures a known move and turn of the T, ignores stray block-coloured
+    pixels, and scores a vanished block with the worst values, never NaN."""
     S = 64
     env = pusht.make_env(S)
     a = np.pi / 4  # block exactly on the goal: origin at (256, 256), angle pi/4
@@ -212,6 +220,7 @@ def test_physics_metrics():
 
 
 def test_goal_mask_geometry():
+    """The geometric goal mask has the T's area and matches the green the renderer draws."""
     g = pusht.goal_mask(64)
     assert abs(g.sum() - 6300 * (64 / 512) ** 2) < 8  # the T's area, 98.4 px at 64x64
     for S in (64, 96):  # the geometric goal matches the green the renderer draws (block and agent away)
@@ -221,6 +230,8 @@ def test_goal_mask_geometry():
 
 
 def test_block_shape_iou():
+    """A rendered T is T-shaped; a blob of the block's colour with the T's area is detectable but not
+    T-shaped."""
     frames, _ = _frames(64, CLEAR_STATES[:3])
     assert (pusht.block_shape_iou(frames) > 0.75).all()  # a rendered T is T-shaped
     blob = np.full((1, 64, 64, 3), 255, np.uint8)  # a melted block: a disc of the block's colour, same area
@@ -234,10 +245,13 @@ def test_block_shape_iou():
 
 
 def test_route_around_goes_round_the_T_not_through_it():
+    """Straight when the path is clear or the goal nearly reached; otherwise round the T on the CLEAR circle,
+    in steps of at most 60 degrees, every leg but the last missing the T."""
     c = np.array([256.0, 256.0])
     # a clear path, and a goal within 45 degrees round the T: straight
     assert len(pusht.route_around([100, 100], [400, 100], c)) == 1
-    assert len(pusht.route_around([256, 150], [300, 170], c)) == 1
+    near = c + 60 * np.array([math.cos(-1.2), math.sin(-1.2)])  # next to the T, 21 degrees round from the start
+    assert np.linalg.norm(near - c) < pusht.PATH_CLEAR and len(pusht.route_around([256, 156], near, c)) == 1
     # through the T: arc points on the CLEAR circle, at most 60 degrees apart, ending at the goal
     for start, goal in (([100, 256], [420, 256]), ([256, 120], [240, 400]), ([150, 150], [360, 380])):
         wps = pusht.route_around(start, goal, c)
@@ -502,8 +516,10 @@ def test_policy_eval_demos_and_training(tmp_path, tiny_world):
     mx = data.load_dataset(str(mixed))
     assert mx['episode_ends'].tolist() == [14, 28, 42, 48, 54] and mx['states'] is None
     np.testing.assert_array_equal(mx['frames'][42:], dm['frames'])
+    assert pusht.is_pusht(mx['meta'])  # play data + demos: still Push-T, the action still an image point
     r = _run(['train_dynamics.py', f'--data_dir={mixed}', f'--ae_ckpt={common.load_checkpoint(ckpt)["ae_ckpt"]}',
-              f'--out_dir={tmp_path}/dyn_mixed', '--max_iters=2', '--eval_interval=2', '--val_frac=0.2'] + TINY_DYN, ROOT)
+              f'--out_dir={tmp_path}/dyn_mixed', '--max_iters=2', '--eval_interval=2', '--val_frac=0.2',
+              '--dyn_action_map=True'] + TINY_DYN, ROOT)
     assert r.returncode == 0, r.stderr
     with pytest.raises(SystemExit, match='unknown mode'):
         pusht.main(dict(cfg, mode='fly'))
@@ -520,13 +536,13 @@ def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, m
     class HoldSim:  # the Simulator's interface, predicting "nothing moves"
         W, ksteps, abar, gen = 3, 1, ABAR, torch.Generator().manual_seed(0)
 
-        def reset(self, frames, actions=None):
+        def reset(self, frames, actions=None):  # remember the last real frame and its latent
             f = np.asarray(frames)
             self.last = f[:, -1] if f.ndim == 5 else f
             self.ctx = enc(M.frames_to_tensor(self.last))[:, None]  # (N, 1, C, h, w)
             return self.last
 
-        def step(self, a):
+        def step(self, a):  # nothing moves
             return self.last.copy()
     monkeypatch.setattr(bench, 'make_sim', lambda *a, **k: HoldSim())
     old = torch.get_num_threads()
@@ -549,25 +565,68 @@ def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, m
     assert json.load(open(tmp_path / 'diagnose.json'))['open_loop'][0]['steps'] == [1, 12]
 
 
-def test_ablate_scores_push_t_with_physics_and_other_data_generically(tmp_path, tiny_world):
-    """ablate.py picks pusht.evaluate (physics columns) for gym-pusht data and rollout.main otherwise; on the
-    tiny model its table has exactly the chosen columns, filled."""
-    d, ckpt = tiny_world
-    meta = common.load_checkpoint(ckpt)['data']['meta']
+def test_ablate_scorer_follows_the_data():
+    """ablate.py scores with pusht.evaluate (physics columns) when the data is gym-pusht's, else with
+    rollout.main and the generic columns only."""
+    meta = {'action_dim': 2, 'image_point_dims': [0, 1], 'source': 'gym_pusht 0.1 PushT-v0, scripted play policy'}
     fn, cols = ablate.scorer(meta)
     assert fn is pusht.evaluate and 'block_iou' in cols and set(cols) <= set(rollout.METRICS) | set(pusht.EVAL_KEYS)
     for other in ({k: v for k, v in meta.items() if k != 'image_point_dims'}, dict(meta, source='aloha hdf5')):
         fn, cols = ablate.scorer(other)
         assert fn is rollout.main and cols == rollout.METRICS
-    cfg = config_from_globals(vars(ablate), [f'--ckpt={ckpt}', f'--out_dir={tmp_path}', '--num_episodes=1', '--horizon=3',
-                                             '--windows=()', '--train=False'])
-    rows = ablate.main(cfg)
-    assert [r['row'].split(' (')[0] for r in rows] == ['full model', '1 decoder jump', 'context labelled clean at inference',
-                                                        'copy first frame']
+
+
+def test_ablate_trains_its_variants_and_scores_every_row(tmp_path, monkeypatch, tiny_world):
+    """On the tiny consistency-decoder model, ablate.py trains the deterministic decoder on the frozen encoder
+    and the dynamics without context noise (for real, 2 iterations each) and scores 7 rows with the Push-T
+    columns. Then a model on that deterministic decoder with both stage-2 switches on: the stage-1
+    consistency decoder is scored instead, there is no K=1 row, and one variant per switch is asked of
+    train_dynamics.py with only that switch off (the trainer's own defaults parse the arguments; the
+    variant checkpoints are the model's weights with the parsed config, so no training time is spent)."""
+    d, ckpt = tiny_world
+    ck = common.load_checkpoint(ckpt)
+    ab = tmp_path / 'ablation'
+    rows = ablate.main(config_from_globals(vars(ablate), [f'--ckpt={ckpt}', f'--out_dir={ab}', '--num_episodes=1',
+                                                          '--horizon=3', '--dyn_iters=2', '--ae_iters=2', '--windows=(2,)']))
+    names = [r['row'] for r in rows]
+    assert len(rows) == 7 and any('K=1' in n for n in names) and any('deterministic MSE decoder' in n for n in names), names
+    assert any('no context noise' in n for n in names) and names[-1].startswith('copy first frame')
     for r in rows:
         assert 0 <= r['block_iou'] <= 1 and np.isfinite(r['agent_err_px']) and np.isfinite(r['mse'])
-    head = open(tmp_path / 'ablation.md').read().split('\n')[0]
-    assert head == '| variant | ' + ' | '.join(ablate.scorer(meta)[1] + ('fps',)) + ' |'
+    head = open(ab / 'ablation.md').read().split('\n')[0]
+    assert head == '| variant | ' + ' | '.join(ablate.scorer(ck['data']['meta'])[1] + ('fps',)) + ' |'
+    det_path = str(ab / 'det_decoder' / 'ckpt_deterministic.pt')
+    det = common.load_checkpoint(det_path, expect_kind='ae')
+    assert det['config']['decoder_type'] == 'deterministic' and det['iter'] == 2
+    assert det['encoder_fingerprint'] == common.load_checkpoint(ck['ae_ckpt'])['encoder_fingerprint']  # frozen
+    assert not common.load_checkpoint(str(ab / 'dyn_no_ctx_noise' / 'ckpt.pt'))['config']['ctx_noise']
+
+    # the Push-T CPU recipe's shape: dynamics on the deterministic decoder, here with both stage-2 switches on
+    full = dict(ck, ae_ckpt=det_path, config=dict(ck['config'], ae_ckpt=det_path, dyn_residual=True, own_ctx=0.5))
+    full_path = str(tmp_path / 'dyn_det' / 'ckpt.pt')
+    common.save_checkpoint(full, full_path)
+    asked = {}
+
+    def fake_train(script, args, log_path):  # parse as the trainer would, then write the model with that config
+        assert script == 'train_dynamics.py', script
+        c = common.configure(bench._literals(os.path.join(ROOT, script)), args)
+        asked[os.path.basename(c['out_dir'])] = c
+        common.save_checkpoint(dict(full, config={k: c.get(k, v) for k, v in full['config'].items()}),
+                               os.path.join(c['out_dir'], 'ckpt.pt'))
+    monkeypatch.setattr(ablate, '_train', fake_train)
+    rows = ablate.main(config_from_globals(vars(ablate), [f'--ckpt={full_path}', f'--out_dir={tmp_path / "ablation2"}',
+                                                          '--num_episodes=1', '--horizon=3', '--dyn_iters=2', '--windows=()']))
+    names = [r['row'] for r in rows]
+    assert len(rows) == 7 and not any('K=1' in n for n in names), names
+    cons = [r for r in rows if 'consistency decoder' in r['row']]
+    assert len(cons) == 1 and os.path.samefile(cons[0]['change']['ae_ckpt'], ck['ae_ckpt'])
+    assert sorted(asked) == ['dyn_no_ctx_noise', 'dyn_no_own_ctx', 'dyn_no_residual']
+    for variant, key, off in (('no_ctx_noise', 'ctx_noise', False), ('no_residual', 'dyn_residual', False),
+                              ('no_own_ctx', 'own_ctx', 0.0)):
+        c = asked['dyn_' + variant]
+        changed = {k for k, v in full['config'].items() if c.get(k, v) != v}
+        assert c[key] == off and changed <= {key, 'out_dir', 'max_iters', 'device'}, (variant, changed)
+        assert c['ae_ckpt'] == det_path and c['max_iters'] == 2
 
 
 # ------------------------------------------------------------------------------ bench.py
@@ -627,6 +686,8 @@ def test_bench_flops_of_a_frame_and_of_the_multi_step_sampler():
 
 
 def test_bench_recipe_sizes_read_the_configs():
+    """recipe_sizes reads the recipes' config files (nothing executed); the action map of a recipe gets
+    Push-T's point map."""
     gpu, cpu = bench.recipe_sizes('gpu'), bench.recipe_sizes('cpu')
     assert gpu['image_size'] == 128 and cpu['image_size'] == 64
     assert gpu['dyn_ch'] == 256 and gpu['window'] == 10 and tuple(gpu['dec_ch']) == (64, 128, 256, 256)
@@ -640,6 +701,8 @@ def test_bench_recipe_sizes_read_the_configs():
 
 
 def test_bench_stability_tiny_and_nan(tmp_path):
+    """The stability report's rows and a NaN injected into the context: found at its step, and the run stops
+    after that row."""
     old = torch.get_num_threads()
     try:
         out = bench.main(_bench_cfg(tmp_path, '--mode=stability', '--steps=12', '--report_every=6', '--detect_every=3'))
@@ -658,6 +721,7 @@ def test_bench_stability_tiny_and_nan(tmp_path):
 
 
 def test_bench_smooth_actions_are_smooth_travel_and_start_at_the_agent():
+    """The stability run's actions move a little each step, cover the range, and start at the given command."""
     a = bench.smooth_actions(2000, [20, 20], [492, 492], np.random.default_rng(0))
     step = np.linalg.norm(np.diff(a, axis=0), axis=1)
     assert 2 < np.median(step) < 15 and a.std(0).min() > 40  # smooth, yet it travels
@@ -669,6 +733,7 @@ def test_bench_smooth_actions_are_smooth_travel_and_start_at_the_agent():
 
 
 def test_write_curves_with_the_push_t_panels(tmp_path):
+    """curves.csv has a column per series and metric (None skipped); curves.png draws the four Push-T panels."""
     H = 12
     curves = {'model': {'psnr': list(np.linspace(30, 20, H)), 'ssim': list(np.linspace(0.9, 0.7, H)),
                         'lpips': None, 'agent_err_px': list(np.linspace(0, 5, H)), 'block_iou': list(np.linspace(1, .5, H))},
@@ -689,6 +754,7 @@ def test_write_curves_with_the_push_t_panels(tmp_path):
 
 
 def test_frechet_distance():
+    """The Frechet distance against closed forms and against tr sqrtm(s1 s2) computed another way."""
     rng = np.random.default_rng(0)
     f = rng.normal(size=(300, 8))
     assert abs(Mx.frechet_from_features(f, f)) < 1e-8
@@ -709,6 +775,7 @@ def test_frechet_distance():
 
 
 def test_fid_fvd_unavailable(tmp_path, monkeypatch):
+    """Without weight files FID and FVD are reported unavailable with the path looked up, never computed."""
     monkeypatch.setenv('WM_FID_WEIGHTS', str(tmp_path / 'nope.pth'))
     monkeypatch.setenv('WM_FVD_WEIGHTS', str(tmp_path / 'nope.pt'))
     v = np.zeros((1, 16, 16, 16, 3), np.uint8)
@@ -729,13 +796,17 @@ class _StandInI3D(torch.nn.Module):
         self.conv = torch.nn.Conv3d(3, 7, 3, stride=2)
 
     def forward(self, x, rescale: bool = False, resize: bool = False, return_features: bool = False):
+        """Clips (B, 3, T, H, W) -> 7 features each."""
         x = x.float()
         if rescale:
             x = x / 127.5 - 1
         return self.conv(x).mean((2, 3, 4))
 
 
+@pytest.mark.filterwarnings('ignore:`torch.jit:FutureWarning')  # the stand-in I3D is TorchScript, as the real file is
 def test_frechet_plumbing_with_stand_ins(tmp_path):
+    """The FID and FVD feature paths run end to end with stand-in networks (plumbing only: these are not
+    FIDs)."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     true = rng.integers(0, 256, (3, 32, 16, 16, 3), dtype=np.uint8)

@@ -1,30 +1,23 @@
 """
-Smoke tests: tiny configs, data made inside the tests, CPU only, a few minutes in all.
+Tests of the generic core (model, data, trainers, rollout, metrics): tiny configs, data made inside the tests,
+CPU only. The Push-T tools and the converters have their own files (test_pusht.py, test_convert.py).
 
     python -m pytest -q test_smoke.py
 """
-import io
 import json
 import math
 import os
 import random
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
-import bench
 import common
 import data
 import metrics
@@ -32,7 +25,6 @@ import metrics as Mx
 import model as M
 import rollout
 
-from common import config_from_globals
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ABAR = M.sigmoid_alpha_bar()
@@ -703,6 +695,10 @@ def test_lpips_fake_weights(tmp_path):
     x, y = _rand_img(3, (2, 3, 64, 64)), _rand_img(4, (2, 3, 64, 64))
     d_xx, d_xy = metrics.lpips_distance(model, x, x), metrics.lpips_distance(model, x, y)
     assert d_xx.shape == (2,) and d_xy.shape == (2,)
+    assert d_xx.abs().max() < 1e-6
+    assert (d_xy > 1e-4).all()
+
+
 def test_core_never_imports_the_tools_and_imports_have_no_side_effects():
     """Imports run one way: the core (the card's scripts' modules, common, metrics) never pulls in a tool
     (pusht, play, convert, bench, ablate) or a simulator, and importing metrics loads no weights package."""
