@@ -268,7 +268,7 @@ def main():
         if evaluated and master:
             p, ss, recon = evaluate(enc, dec, val_frames, abar, dev, decode_steps)
             improved, best, last_val = p > best, max(best, p), p
-            print(f"iter {it}: val recon PSNR {p:.2f} dB, SSIM {ss:.4f} ({decode_steps} decoder jumps, {len(val_frames)} frames)", flush=True)
+            print(f"iter {it}: val recon PSNR {p:.2f} dB, SSIM {ss:.4f} ({'one pass' if det else f'{decode_steps} decoder jumps'}, {len(val_frames)} frames)", flush=True)
             save_grid(os.path.join(out_dir, f'samples_{it:06d}.png'), [val_frames[:8], M.tensor_to_frames(recon[:8])])
         if evaluated or it % ckpt_every == 0:
             states = all_gather(rng_state(np_rng, trng), ddp)  # a collective: every rank takes part
