@@ -440,6 +440,11 @@ def test_end_to_end_pipeline(tmp_path):
     ck = common.load_checkpoint(f'{dyn}/ckpt.pt', expect_kind='dynamics')
     assert ck['data']['action_stats']['low'] and ck['config']['window'] == 4
     assert ck['action_map']['dims'] == [0, 1] and len(ck['action_map']['scale']) == 2
+    # a resume reads the cached latents (a read-only memory map) and prints no warning about it
+    r = _run(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}/ckpt_deterministic.pt', f'--out_dir={dyn}',
+              '--max_iters=7', '--eval_interval=7', '--val_frac=0.34', '--dyn_action_map=True', '--init_from=resume'] + TINY_DYN, ROOT)
+    assert r.returncode == 0 and 'Warning' not in r.stderr, r.stderr
+    assert 'encoded or loaded' in r.stdout and common.load_checkpoint(f'{dyn}/ckpt.pt')['iter'] == 7
     r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', '--num_episodes=1', '--horizon=5', f'--out_dir={ev}',
               '--fps_steps=2', f'--lpips_dir={tmp_path}'], ROOT)
     assert r.returncode == 0, r.stderr

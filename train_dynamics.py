@@ -91,7 +91,7 @@ def encode_dataset(enc, frames, dev, cache_path, fp, bs=256):
         c = np.load(cache_path, mmap_mode='r')
         meta_path = cache_path + '.json'
         if os.path.isfile(meta_path) and json.load(open(meta_path)) == {'encoder': fp, 'n': len(frames)} and len(c) == len(frames):
-            return torch.from_numpy(np.ascontiguousarray(c))
+            return torch.from_numpy(np.array(c))  # a writable copy in memory (torch refuses to share a read-only map)
     out = []
     for i in range(0, len(frames), bs):
         out.append(enc(M.frames_to_tensor(np.asarray(frames[i:i + bs]), dev)).cpu())
