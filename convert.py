@@ -568,16 +568,22 @@ def _is_jpeg_rows(ds, h5py):
     return h5py.check_vlen_dtype(ds.dtype) is not None or ds.ndim == 2 or (ds.ndim == 3 and ds.shape[2] == 1)
 
 
-def _decode_jpeg(row, k, where):
-    """One padded row of JPEG bytes (frame k of `where`) -> PIL image; DatasetError if undecodable."""
+def _open_image(src, what):
+    """PNG/JPEG bytes or a file path -> a decoded PIL image; a DatasetError naming `what` if it does not decode
+    (the one image decoder of the hdf5 and LeRobot readers)."""
     from PIL import Image
-    data = np.trim_zeros(np.asarray(row, dtype=np.uint8).reshape(-1), 'b')  # padding after the FFD9 end marker
     try:
-        img = Image.open(io.BytesIO(data.tobytes()))
+        img = Image.open(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else src)
         img.load()
         return img
     except Exception as e:
-        raise DatasetError(f"{where} frame {k}: undecodable JPEG ({type(e).__name__}: {e})") from None
+        raise DatasetError(f"{what} ({type(e).__name__}: {e})") from None
+
+
+def _decode_jpeg(row, k, where):
+    """One padded row of JPEG bytes (frame k of `where`) -> PIL image; DatasetError if undecodable."""
+    data = np.trim_zeros(np.asarray(row, dtype=np.uint8).reshape(-1), 'b')  # padding after the FFD9 end marker
+    return _open_image(data.tobytes(), f"{where} frame {k}: undecodable JPEG")
 
 
 # ---- LeRobot (v2.x: one file per episode; v3.x: many episodes per file)
@@ -706,14 +712,10 @@ def _arrow_matrix(col, name):
 
 def _decode_image_cell(cell, root, k):
     """Decode a LeRobot image feature cell, {'bytes': PNG/JPEG bytes, 'path': ...}, to a PIL image."""
-    from PIL import Image
-    try:
-        data = cell.get('bytes') if isinstance(cell, dict) else cell
-        img = Image.open(io.BytesIO(data)) if data else Image.open(os.path.join(root, cell['path']))
-        img.load()
-        return img
-    except Exception as e:
-        raise DatasetError(f"row {k}: undecodable image ({type(e).__name__}: {e})") from None
+    data = cell.get('bytes') if isinstance(cell, dict) else cell
+    if not data and not (isinstance(cell, dict) and cell.get('path')):
+        raise DatasetError(f"row {k}: undecodable image (no bytes and no path)")
+    return _open_image(bytes(data) if data else os.path.join(root, cell['path']), f"row {k}: undecodable image")
 
 
 def _video_frames(path, wanted, fps):

@@ -337,13 +337,19 @@ def test_convert_folder(tmp_path):
     assert d['meta']['fps'] == 7.5 and d['meta']['stride'] == 2 and d['meta']['action_kind'] == 'delta'
 
 
+def _folder_source(src, E, T, S):
+    """E episode folders of T random S x S frames and 2-d actions under src; returns (frames, actions)."""
+    frames = [_conv_frames(T, S, S, k) for k in range(E)]
+    actions = [_conv_actions(T, 2, k) for k in range(E)]
+    for k in range(E):
+        _conv_write_folder(src, k, frames[k], actions[k])
+    return frames, actions
+
+
 def test_convert_folder_bad_and_skip(tmp_path):
     """A corrupt image or a NaN action stops the conversion naming it; skip_bad skips the episode instead."""
     src = tmp_path / 'eps'
-    frames = [_conv_frames(4, 16, 16, k) for k in range(3)]
-    actions = [_conv_actions(4, 2, k) for k in range(3)]
-    for k in range(3):
-        _conv_write_folder(src, k, frames[k], actions[k])
+    frames, actions = _folder_source(src, 3, 4, 16)
     (src / 'ep1' / '2.png').write_bytes(b'not a png at all')  # a corrupt frame in episode 1
     with pytest.raises(data.DatasetError, match=r'ep1 \(episode 1\).*2\.png.*undecodable'):
         convert.convert('folder', str(src), str(tmp_path / 'out'), image_size=16, fps=15)
@@ -366,10 +372,7 @@ def test_convert_folder_bad_and_skip(tmp_path):
 def test_convert_cli(tmp_path):
     """The command line: python convert.py --format=folder ...; errors exit non-zero with the message."""
     src = tmp_path / 'eps'
-    frames = [_conv_frames(3, 8, 8, k) for k in range(2)]
-    actions = [_conv_actions(3, 2, k) for k in range(2)]
-    for k in range(2):
-        _conv_write_folder(src, k, frames[k], actions[k])
+    frames, actions = _folder_source(src, 2, 3, 8)
     out = tmp_path / 'out'
     cmd = [sys.executable, 'convert.py', '--format=folder', f'--src={src}', f'--out_dir={out}', '--image_size=8']
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
