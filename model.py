@@ -450,13 +450,12 @@ def dynamics_levels(B, T, ctx_level, device, generator=None):
 
 
 def dynamics_predict(dyn, x, t, s, a, abar, prev=None):
-    """G(x_t, t, s) for the last frame of the window; a finished latent (s = 0) is re-normalised to unit
-    channel norm. prev (B, C, h, w), given for a residual model: the chain runs on the change since that
-    latent, so a finished latent is unit_norm(prev + G) and an unfinished state stays a change."""
+    """G(x_t, t, 0) for the last frame of the window (its s is always 0: one jump to a finished latent),
+    re-normalised to unit channel norm like the encoder's latents. prev (B, C, h, w), given for a residual
+    model: the net predicts the change since that latent, so the result is unit_norm(prev + G)."""
     v = dyn(x, t, s, a)[:, -1]  # (B, C, h, w)
     out = jump(x[:, -1], x0_from_v(x[:, -1], t[:, -1], v, abar), t[:, -1], s[:, -1])
-    done = unit_norm(out if prev is None else prev + out)
-    return torch.where(_bc(s[:, -1] == 0, out), done, out)  # re-normalise only a finished latent
+    return unit_norm(out if prev is None else prev + out)
 
 
 def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None):
