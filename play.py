@@ -32,6 +32,7 @@ import io
 import json
 import math
 import os
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -391,9 +392,14 @@ def make_play_server(cfg, sim, ck, ds):
     return srv
 
 
+def _interrupt(signum, frame):
+    """SIGTERM handler: raise what Ctrl-C raises, so serve_forever ends the same way."""
+    raise KeyboardInterrupt
+
+
 def main(cfg):
     """Load the world model and its dataset (for the held-out start frames), serve the play page until
-    Ctrl-C; a running recording is saved then."""
+    Ctrl-C or SIGTERM; a running recording is saved then."""
     torch.manual_seed(cfg['seed'])
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
@@ -402,12 +408,13 @@ def main(cfg):
     srv = make_play_server(cfg, sim, ck, ds)
     print(f"serving the world model at http://{cfg['host']}:{srv.server_address[1]}/ (Ctrl-C to stop); "
           f"recordings go to {cfg['record_dir']}/play-*", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` (SIGTERM) stops it like Ctrl-C: the recording is saved
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        if srv.play.rec is not None:  # do not lose a recording to Ctrl-C
+        if srv.play.rec is not None:  # do not lose a recording to Ctrl-C or a kill
             srv.play.record(False)
         srv.server_close()
 

@@ -11,8 +11,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -386,6 +388,30 @@ def test_play_endpoints(tmp_path, tiny_world):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_play_sigterm_saves_recording(tmp_path, tiny_world):
+    """play.py as its own process: a recording running when it gets SIGTERM (a `kill`, a service stop) is
+    saved, as on Ctrl-C, and the process exits cleanly."""
+    d, ckpt = tiny_world
+    p = subprocess.Popen([sys.executable, 'play.py', f'--ckpt={ckpt}', '--port=0', f'--record_dir={tmp_path}/rec'],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()  # "serving the world model at http://127.0.0.1:PORT/ ..."
+        assert 'serving' in line, (line, p.stderr.read() if p.poll() is not None else '')
+        url = line.split('http://')[1].split('/')[0]
+        assert _sim_req(f'http://{url}/record', {'on': True})[0] == 200
+        for k in range(2):
+            assert _sim_req(f'http://{url}/step', {'action': [100 + k, 200]})[0] == 200
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    saved = [os.path.join(tmp_path, 'rec', n) for n in os.listdir(tmp_path / 'rec')]
+    assert len(saved) == 1 and 'recorded 1 episode(s), 3 frames' in out
+    assert data.load_dataset(saved[0])['frames'].shape[0] == 3
 
 
 def _sim_free_port():
