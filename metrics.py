@@ -35,9 +35,10 @@ def psnr(x, y):
 
 
 def psnr_from_mse(m):
-    """PSNR in dB for data range 1 of a mean MSE (a number or a numpy array): 10 log10(1 / m); inf at 0."""
-    with np.errstate(divide='ignore'):
-        return 10.0 * np.log10(1.0 / np.asarray(m, np.float64))
+    """PSNR in dB for data range 1 of a mean MSE (a number or a numpy array): 10 log10(1 / m), with m floored
+    at 1e-10 as in psnr, so an exact match reads 100 dB: a finite number that metrics.json (standard JSON,
+    no Infinity) and curves.csv can hold."""
+    return 10.0 * np.log10(1.0 / np.maximum(np.asarray(m, np.float64), 1e-10))
 
 
 def _gaussian_window(size=11, sigma=1.5):

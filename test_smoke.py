@@ -661,7 +661,8 @@ def test_psnr_of_a_set_averages_the_mse_first():
     r = {'mse': np.array([0.0, 0.01, 0.0, 0.01]), 'ssim': np.ones(4)}  # 2 episodes x 2 steps
     mean, curves = rollout.summarise(r, 2, 2)
     assert abs(mean['psnr'] - 10 * math.log10(1 / 0.005)) < 1e-6
-    assert curves['psnr'][0] == float('inf') and abs(curves['psnr'][1] - 20.0) < 1e-6  # per step: over the episodes
+    assert curves['psnr'][0] == 100.0 and abs(curves['psnr'][1] - 20.0) < 1e-6  # per step: over the episodes; exact = 100 dB
+    json.dumps(curves, allow_nan=False)  # standard JSON: no Infinity in metrics.json
     assert mean['mse'] == 0.005 and mean['ssim'] == 1.0
 
 
