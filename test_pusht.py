@@ -1,6 +1,6 @@
 """
 test_pusht.py: everything Push-T (pusht.py), the play page (play.py), the benchmarks (bench.py), the
-ablation (ablate.py), and the frame metrics those report (metrics.py's curves, FID/FVD plumbing).
+ablation (ablate.py), and the Push-T panels of metrics.py's curves.
 
     python -m pytest -q test_pusht.py
 
@@ -777,96 +777,3 @@ def test_write_curves_with_the_push_t_panels(tmp_path):
     assert im.shape[0] >= 400 and im.shape[1] >= 600  # 4 panels, 2 x 2
     assert ((im[..., 2] > 150) & (im[..., 0] < 80)).sum() > 50  # the blue model series is drawn
     assert ((im[..., 0] > 180) & (im[..., 1] < 80)).sum() > 50  # the red copy series too
-
-
-def test_frechet_distance():
-    """The Frechet distance against closed forms and against tr sqrtm(s1 s2) computed another way."""
-    rng = np.random.default_rng(0)
-    f = rng.normal(size=(300, 8))
-    assert abs(Mx.frechet_from_features(f, f)) < 1e-8
-    # diagonal covariances: d^2 = |mu1 - mu2|^2 + sum (sqrt(a) - sqrt(b))^2
-    mu1, mu2, a, b = rng.normal(size=5), rng.normal(size=5), rng.uniform(.1, 3, 5), rng.uniform(.1, 3, 5)
-    want = ((mu1 - mu2) ** 2).sum() + ((np.sqrt(a) - np.sqrt(b)) ** 2).sum()
-    assert Mx.frechet_distance(mu1, np.diag(a), mu2, np.diag(b)) == pytest.approx(want, rel=1e-9)
-    # full covariances: tr sqrtm(s1 s2) of pytorch-fid's formula is the sum of the square roots of the
-    # eigenvalues of s1 s2 (real and positive for two SPD matrices), computed here on the product itself
-    A, B = rng.normal(size=(6, 6)), rng.normal(size=(6, 6))
-    s1, s2 = A @ A.T + .1 * np.eye(6), B @ B.T + .1 * np.eye(6)
-    m1, m2 = rng.normal(size=6), rng.normal(size=6)
-    tr_sqrt = np.sqrt(np.linalg.eigvals(s1 @ s2).real).sum()
-    ref = ((m1 - m2) ** 2).sum() + np.trace(s1 + s2) - 2 * tr_sqrt
-    assert Mx.frechet_distance(m1, s1, m2, s2) == pytest.approx(ref, rel=1e-7)
-    # singular covariances (fewer samples than dimensions) stay finite and >= 0
-    assert 0 <= Mx.frechet_from_features(rng.normal(size=(5, 20)), rng.normal(size=(5, 20)) + 1) < 1e3
-
-
-def test_fid_fvd_unavailable(tmp_path, monkeypatch):
-    """Without weight files FID and FVD are reported unavailable with the path looked up, never computed."""
-    monkeypatch.setenv('WM_FID_WEIGHTS', str(tmp_path / 'nope.pth'))
-    monkeypatch.setenv('WM_FVD_WEIGHTS', str(tmp_path / 'nope.pt'))
-    v = np.zeros((1, 16, 16, 16, 3), np.uint8)
-    r = Mx.fid_fvd(v, v)
-    assert r['fid'] is None and r['fvd'] is None
-    assert r['fid_status'] == f"unavailable: no Inception weights at {tmp_path / 'nope.pth'}"
-    assert r['fvd_status'] == f"unavailable: no I3D weights at {tmp_path / 'nope.pt'}"
-    net, msg = Mx.load_inception(str(tmp_path / 'other.pth'))  # an explicit path wins over the variable
-    assert net is None and msg.endswith('other.pth')
-
-
-class _StandInI3D(torch.nn.Module):
-    """STAND-IN for the I3D detector (random 3D conv, 7 features), with the TorchScript signature that
-    StyleGAN-V's i3d_torchscript.pt has. Plumbing only: its Frechet distances are not FVDs."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv3d(3, 7, 3, stride=2)
-
-    def forward(self, x, rescale: bool = False, resize: bool = False, return_features: bool = False):
-        """Clips (B, 3, T, H, W) -> 7 features each."""
-        x = x.float()
-        if rescale:
-            x = x / 127.5 - 1
-        return self.conv(x).mean((2, 3, 4))
-
-
-@pytest.mark.filterwarnings('ignore:`torch.jit:FutureWarning')  # the stand-in I3D is TorchScript, as the real file is
-def test_frechet_plumbing_with_stand_ins(tmp_path):
-    """The FID and FVD feature paths run end to end with stand-in networks (plumbing only: these are not
-    FIDs)."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    true = rng.integers(0, 256, (3, 32, 16, 16, 3), dtype=np.uint8)
-    pred = np.clip(true.astype(int) + rng.integers(-60, 60, true.shape), 0, 255).astype(np.uint8)
-    # FID path: a random conv net STANDS IN for the Inception (same preprocessing, 5 features)
-    stand_in = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 7, stride=4), torch.nn.AdaptiveAvgPool2d(1)).eval()
-    fa = Mx.inception_features(stand_in, true.reshape(-1, 16, 16, 3), batch_size=40)
-    fb = Mx.inception_features(stand_in, pred.reshape(-1, 16, 16, 3), batch_size=40)
-    assert fa.shape == (96, 5) and abs(Mx.frechet_from_features(fa, fa)) < 1e-8 and Mx.frechet_from_features(fa, fb) > 0
-    # FVD path: the stand-in I3D saved as TorchScript and loaded through load_i3d, as the real file would be
-    path = tmp_path / 'stand_in_i3d.pt'
-    torch.jit.save(torch.jit.script(_StandInI3D()), str(path))
-    net, msg = Mx.load_i3d(str(path))
-    assert net is not None and str(path) in msg
-    clips = Mx.video_clips(true, 16, 16)
-    assert clips.shape == (6, 16, 16, 16, 3)
-    ga, gb = Mx.i3d_features(net, clips), Mx.i3d_features(net, Mx.video_clips(pred, 16, 16))
-    assert ga.shape == (6, 7) and abs(Mx.frechet_from_features(ga, ga)) < 1e-8 and Mx.frechet_from_features(ga, gb) > 0
-    # a file that is not TorchScript is refused with a message, not a crash
-    bad = tmp_path / 'bad.pt'
-    bad.write_bytes(b'not a model')
-    assert Mx.load_i3d(str(bad))[0] is None
-
-
-def test_fid_inception_loads_its_state_dict(tmp_path):
-    """The FID Inception architecture loads a state dict with pytorch-fid's layout (random weights here,
-    so this is a plumbing check only) and gives 2048-d pool3 features."""
-    net = Mx.build_fid_inception()
-    sd = {k: v for k, v in net.state_dict().items() if not k.endswith('num_batches_tracked')}  # as in older files
-    p = tmp_path / 'random_inception.pth'
-    torch.save(sd, str(p))
-    loaded, msg = Mx.load_inception(str(p))
-    assert loaded is not None and 'not comparable' in msg  # not the published file: flagged
-    f = Mx.inception_features(loaded, np.zeros((1, 16, 16, 3), np.uint8))
-    assert f.shape == (1, 2048) and np.isfinite(f).all()
-    torch.save({'fc.weight': torch.zeros(3)}, str(p))
-    assert Mx.load_inception(str(p))[0] is None
