@@ -40,10 +40,10 @@ def configure(defaults, argv=None):
                 src = open(arg).read()
             except OSError as e:
                 raise SystemExit(f"config file {arg!r} cannot be read: {e}")
-            scope = dict(cfg)
-            exec(compile(src, arg, 'exec'), {}, scope)
+            scope = dict(cfg)  # the file sees the current values (it may compute from them) ...
+            exec(compile(src, arg, 'exec'), {}, scope)  # ... and reassigns some; later arguments win over it
             for k, v in scope.items():
-                if k.startswith('_'):
+                if k.startswith('_'):  # a recipe's private helper names are not config keys
                     continue
                 _set(cfg, k, v, source=arg)
         else:
@@ -53,7 +53,7 @@ def configure(defaults, argv=None):
             try:
                 val = ast.literal_eval(val)
             except (ValueError, SyntaxError):
-                pass  # keep it as a string
+                pass  # keep it as a string (--out_dir=out/x needs no quotes); _set still checks the type
             _set(cfg, key, val, source=arg)
     return cfg
 
@@ -65,13 +65,14 @@ def config_from_globals(g, argv=None):
 
 
 def _set(cfg, key, val, source):
+    """cfg[key] = val, refusing unknown keys and values of another type than the default's."""
     if key not in cfg:
         raise SystemExit(f"unknown config key {key!r} (from {source}); known keys: {', '.join(sorted(cfg))}")
     old = cfg[key]
     if old is not None and val is not None:
-        if isinstance(old, bool) or isinstance(val, bool):
-            ok = isinstance(old, bool) and isinstance(val, bool)
-        elif isinstance(old, float):
+        if isinstance(old, bool) or isinstance(val, bool):  # bool is an int subclass: check it first,
+            ok = isinstance(old, bool) and isinstance(val, bool)  # so --max_iters=True is not 1
+        elif isinstance(old, float):  # --lr=1 means 1.0; an int default stays strict (--max_iters=1.5 fails)
             ok = isinstance(val, (int, float))
             val = float(val) if ok else val
         else:
@@ -120,7 +121,7 @@ def load_checkpoint(path, expect_kind=None):
     """Load a checkpoint as data only (weights_only=True) and check what stage wrote it."""
     if not os.path.isfile(path):
         raise SystemExit(f"checkpoint {path!r} does not exist")
-    try:
+    try:  # weights_only: tensors and plain data only, so a checkpoint from elsewhere cannot run code
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:
         raise SystemExit(f"checkpoint {path!r} cannot be read ({type(e).__name__}: {e})")
@@ -158,7 +159,7 @@ def load_autoencoder(path, dev, expect_fingerprint=None):
     if expect_fingerprint is not None and fp != expect_fingerprint:
         raise SystemExit(f"autoencoder {path!r} has encoder {fp}, but the dynamics model was trained on encoder "
                          f"{expect_fingerprint}: its latents mean something else. Use the stage-1 checkpoint it was trained on.")
-    enc.requires_grad_(False), dec.requires_grad_(False)
+    enc.requires_grad_(False), dec.requires_grad_(False)  # frozen: stage 2 and the tools only run them
     return enc, dec, ck, fp
 
 
