@@ -388,6 +388,25 @@ def test_config_override_rejects_unknown_keys_and_wrong_types(tmp_path):
         common.configure(d, [str(f)])
 
 
+def test_every_recipe_file_resolves_against_its_trainer(monkeypatch):
+    """Each config/ recipe only reassigns existing defaults with the right types (a typo fails here, not an
+    hour into a run); the long stage-2 recipe, given after the short one, changes its length and nothing else."""
+    monkeypatch.setattr(sys, 'argv', ['test'])  # the trainers read their command line when imported
+    import train_ae
+    import train_dynamics
+    files = sorted(os.listdir(os.path.join(ROOT, 'config')))
+    assert 'dyn_pusht_cpu_long.py' in files and len([f for f in files if f.endswith('.py')]) >= 7
+    for f in files:
+        trainer = train_ae if f.startswith('ae_') else train_dynamics
+        assert f.startswith(('ae_', 'dyn_')), f
+        common.config_from_globals(vars(trainer), [os.path.join(ROOT, 'config', f)])
+    short = common.config_from_globals(vars(train_dynamics), [os.path.join(ROOT, 'config/dyn_pusht_cpu.py')])
+    long = common.config_from_globals(vars(train_dynamics), [os.path.join(ROOT, 'config', f) for f in
+                                                             ('dyn_pusht_cpu.py', 'dyn_pusht_cpu_long.py')])
+    assert {k for k in short if short[k] != long[k]} == {'max_iters', 'eval_interval'}
+    assert long['max_iters'] == 6 * short['max_iters']
+
+
 # ------------------------------------------------------------------------------------- pipeline
 
 
