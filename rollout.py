@@ -28,7 +28,8 @@ from common import config_from_globals, load_autoencoder, load_checkpoint, pick_
 # ---------------------------------------------------------------------------- defaults
 ckpt = 'out/dyn/ckpt.pt'
 ae_ckpt = ''  # '' = the autoencoder the dynamics checkpoint names
-data_dir = ''  # '' = the dataset the dynamics checkpoint was trained on (its held-out episodes)
+data_dir = ''  # '' = the dataset the dynamics checkpoint was trained on (its held-out episodes); another folder is
+              # a test set the model never saw: all of its episodes are used
 out_dir = 'out/eval'
 num_episodes = 8  # held-out episodes rolled out (the first ones of the checkpoint's val split longer than horizon)
 horizon = 192  # predicted steps per episode, open loop from its first frame (19.2 s at 10 Hz)
@@ -159,18 +160,22 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
     W = cfg['window'] or ck['config']['window']
-    ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
+    data_dir = cfg['data_dir'] or ck['data']['data_dir']
+    ds = D.load_dataset(data_dir)
     S = ds['frames'].shape[1]
     if S != ck['data']['image_size'] or ds['actions'].shape[1] != ck['action_dim']:
         raise SystemExit(f"dataset has {S}x{S} frames and {ds['actions'].shape[1]}-d actions; the checkpoint wants "
                          f"{ck['data']['image_size']} and {ck['action_dim']}")
     ranges = D.episode_ranges(ds['episode_ends'])
     H = cfg['horizon']
-    val_ids = [i for i in ck['data']['val_ids'] if i < len(ranges) and ranges[i][1] - ranges[i][0] > H]
+    # the training data: its held-out episodes; another dataset (a separate test set): every episode
+    own_data = os.path.abspath(data_dir) == os.path.abspath(ck['data']['data_dir'])
+    ids = ck['data']['val_ids'] if own_data else range(len(ranges))
+    val_ids = [i for i in ids if i < len(ranges) and ranges[i][1] - ranges[i][0] > H]
     if not val_ids:
-        raise SystemExit(f"no held-out episode is longer than horizon {H}")
+        raise SystemExit(f"no {'held-out ' if own_data else ''}episode of {data_dir!r} is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
-    print(f"rolling out {len(eps)} held-out episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, decoder "
+    print(f"rolling out {len(eps)} {'held-out' if own_data else 'test-set'} episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, decoder "
           f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}")
 
     sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
@@ -206,7 +211,7 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
     fps = cfg['fps_steps'] / (time.time() - t0)
 
     out = {'model': res['model'], 'copy_baseline': res['copy_baseline'], 'fps': fps, 'horizon': H,
-           'num_episodes': E, 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
+           'num_episodes': E, 'data_dir': os.path.abspath(data_dir), 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
            'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W},
            'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev}
     out.update(Mx.fid_fvd(pred, true[:, 1:], cfg['fid_weights'] or None, cfg['fvd_weights'] or None, device=dev))

@@ -476,6 +476,29 @@ def test_end_to_end_pipeline(tmp_path):
         assert len(m[k]['curves']['ssim']) == 5
     assert m['horizon'] == 5 and m['num_episodes'] == 1
     assert os.path.getsize(f'{ev}/rollout.gif') > 0 and os.path.isfile(f'{ev}/curves.png')
+    assert m['episodes'][0] in ck['data']['val_ids']  # its own data: the held-out episodes only
+    # another dataset is a test set the model never saw: every episode of it is rolled out
+    d2 = str(tmp_path / 'data2')
+    data.write_dataset(d2, *_square_episodes((14, 14, 14, 14), seed=3)['lists'],
+                       dict(fps=10, action_low=[0.0, 0.0], action_high=[32.0, 32.0], source='squares', image_point_dims=[0, 1]))
+    r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', f'--data_dir={d2}', '--num_episodes=4', '--horizon=5',
+              f'--out_dir={ev}2', '--fps_steps=2', f'--lpips_dir={tmp_path}'], ROOT)
+    assert r.returncode == 0, r.stderr
+    assert '4 test-set episodes' in r.stdout and json.load(open(f'{ev}2/metrics.json'))['episodes'] == [0, 1, 2, 3]
+    # a warm start: the weights and action statistics of the given checkpoint, this run's data and split
+    # (lr 0 leaves the weights as loaded: a scratch start would differ)
+    warm_args = ['train_dynamics.py', f'--data_dir={d2}', f'--ae_ckpt={ae}/ckpt_deterministic.pt', f'--out_dir={dyn}w',
+                 f'--init_from={dyn}/ckpt.pt', '--max_iters=1', '--eval_interval=1', '--val_frac=0.25', '--lr=0',
+                 '--min_lr=0', '--dyn_action_map=True'] + TINY_DYN
+    r = _run(warm_args, ROOT)
+    assert r.returncode == 0 and 'warm start from' in r.stdout, r.stderr
+    w, src = common.load_checkpoint(f'{dyn}w/ckpt.pt', expect_kind='dynamics'), common.load_checkpoint(f'{dyn}/ckpt.pt')
+    assert w['iter'] == 1 and w['data']['action_stats'] == src['data']['action_stats']
+    assert w['data']['data_dir'] == os.path.abspath(d2) and len(w['data']['train_ids']) == 3
+    assert all(torch.equal(w['model'][k], src['model'][k]) for k in src['model'])
+    r = _run(warm_args + ['--dyn_ch=8'], ROOT)  # another architecture is refused by name, nothing written
+    assert r.returncode != 0 and 'dyn_ch' in r.stderr, r.stderr
+    assert common.load_checkpoint(f'{dyn}w/ckpt.pt')['iter'] == 1
     # the simulator API over the trained checkpoint: batched, history reset, bad actions refused
     dyn_m, enc, dec, ckd = rollout.load_world_model(f'{dyn}/ckpt.pt', 'cpu')
     sim = rollout.Simulator(dyn_m, enc, dec, ckd, seed=1)

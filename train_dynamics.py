@@ -36,7 +36,8 @@ from common import (all_gather, check_compatible, check_finite_weights, check_ou
 data_dir = 'data/pusht64'
 ae_ckpt = 'out/ae/ckpt.pt'
 out_dir = 'out/dyn'
-init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a dynamics checkpoint's path: a warm start
+                       # (its weights and action statistics; this run's data, split, optimizer and schedule)
 val_frac = 0.1  # the split must match stage 1's so held-out episodes stay held out
 split_seed = 0  # as stage 1's
 # model (model.Dynamics)
@@ -128,7 +129,9 @@ def main():
     best_path = os.path.join(out_dir, 'ckpt_best.pt')
 
     resume = load_checkpoint(ckpt_path, expect_kind='dynamics') if init_from == 'resume' else None
-    enc, dec, ae, fp = load_autoencoder(ae_ckpt, dev, resume['encoder_fingerprint'] if resume else None)
+    warm = load_checkpoint(init_from, expect_kind='dynamics') if init_from not in ('scratch', 'resume') else None
+    src = resume or warm  # the latents must come from the encoder the weights were trained on
+    enc, dec, ae, fp = load_autoencoder(ae_ckpt, dev, src['encoder_fingerprint'] if src else None)
     # room for the latest, the best and one being written; checked before any data is read. The size
     # hardly depends on the action dim, so a weightless (meta) model with 2 stands in for it.
     with torch.device('meta'):
@@ -152,8 +155,11 @@ def main():
     ranges = D.episode_ranges(ends)
     train_ids, val_ids = D.split_episodes(len(ends), val_frac, split_seed)
     train_ids, val_ids = [int(i) for i in train_ids], [int(i) for i in val_ids]
-    stats = D.action_stats(ds['actions'], ends, train_ids)
+    # a warm start keeps the normalisation its weights learned (new data may span a slightly other range)
+    stats = warm['data']['action_stats'] if warm else D.action_stats(ds['actions'], ends, train_ids)
     A = ds['actions'].shape[1]
+    if warm is not None:  # same network and action size; data, split and schedule are this run's own
+        check_compatible(init_from, warm['config'], config, ARCH_KEYS, [('action_dim', warm['action_dim'], A)])
     a_norm_np = D.normalize_actions(np.asarray(ds['actions'], dtype=np.float32), stats)  # (N, A) in [-1, 1]
     a_norm = torch.from_numpy(a_norm_np).float()
     if resume is not None:  # a resume must continue the same run: same architecture, data and split
@@ -204,6 +210,10 @@ def main():
             if master:
                 print(f"warning: checkpoint has RNG states for {len(states) if states else 0} ranks, this run has "
                       f"{world}; new random streams from iter {it} (the resume is not bit-exact)")
+    if warm is not None:
+        dyn.load_state_dict(warm['model'])
+        if master:
+            print(f"warm start from {init_from} (iteration {warm['iter']} of its run)")
     dyn_run = torch.compile(dyn) if compile else dyn
     if ddp:  # wrap the (compiled) module; checkpoints always take the raw dyn
         dyn_run = DDP(dyn_run, device_ids=[local_rank] if dev.startswith('cuda') else None)
