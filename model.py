@@ -518,8 +518,9 @@ def own_context(dyn, z, a, abar, ctx_level=15):
     z (B, T, C, h, w) with frames 1..T-2 replaced by the model's open-loop predictions from frame 0 and
     the window's actions a (B, T, A+1), so the context a training target sees carries the errors
     inference makes. Frames that no action produced (copies of an episode's first frame) stay real.
-    Not in the paper; train_dynamics' own_ctx (off in every recipe: on Push-T it did not pay at equal
-    wall-clock, README lever table) is the fraction of windows trained this way."""
+    Not in the paper; train_dynamics' own_ctx (off in every recipe) is the fraction of windows trained
+    this way. On Push-T it did not pay from scratch at equal wall-clock, but did against a control when
+    continuing the long recipe's model (README lever tables)."""
     out = z.clone()
     for j in range(1, z.shape[1] - 1):
         pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level)  # (B, C, h, w)

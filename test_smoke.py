@@ -519,6 +519,12 @@ def test_end_to_end_pipeline(tmp_path):
     # wrong-typed option is refused before anything runs
     r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=two'], ROOT)
     assert r.returncode != 0 and 'wants int' in r.stderr
+    # a misspelt init_from is refused, not taken as a fresh start (stage 1) or a path (stage 2)
+    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--init_from=resme'] + TINY_AE, ROOT)
+    assert r.returncode != 0 and "init_from must be 'scratch' or 'resume'" in r.stderr, r.stderr
+    r = _run(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}/ckpt.pt', f'--out_dir={dyn}', '--init_from=resme'], ROOT)
+    assert r.returncode != 0 and "'resme' does not exist" in r.stderr, r.stderr
+    assert common.load_checkpoint(f'{ae}/ckpt.pt')['iter'] == 8
 
 
 # ----------------------------------------------------------------------------------------- data

@@ -119,6 +119,8 @@ def main():
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
         raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
+    if init_from not in ('scratch', 'resume'):  # a typo must not silently start over
+        raise SystemExit(f"init_from must be 'scratch' or 'resume' (got {init_from!r})")
     ckpt_path = init_ckpt or os.path.join(out_dir, 'ckpt.pt')
     # the fine-tune reads the stage-1 checkpoint and writes its own, so the original is never lost
     if decoder_type not in ('consistency', 'deterministic'):

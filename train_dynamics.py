@@ -51,7 +51,8 @@ dyn_action_map = False  # draw the action as a spot on the latent grid (model.Dy
                         # declares image_point_dims (the action is a point in the image, as in Push-T)
 all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
 ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
-# two options that target the T block's drift (not in the paper; measured on Push-T, neither paid: README lever table)
+# two options that target the T block's drift (not in the paper; README lever tables): dyn_residual did not pay;
+# own_ctx did not pay from scratch at 7 minutes, but did as a warm start from the long recipe's model
 dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics)
 own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context), ~+30% per iter at 0.5
 # optimisation
@@ -129,6 +130,8 @@ def main():
     best_path = os.path.join(out_dir, 'ckpt_best.pt')
 
     resume = load_checkpoint(ckpt_path, expect_kind='dynamics') if init_from == 'resume' else None
+    if init_from not in ('scratch', 'resume') and not os.path.isfile(init_from):
+        raise SystemExit(f"init_from must be 'scratch', 'resume' or a dynamics checkpoint's path; {init_from!r} does not exist")
     warm = load_checkpoint(init_from, expect_kind='dynamics') if init_from not in ('scratch', 'resume') else None
     src = resume or warm  # the latents must come from the encoder the weights were trained on
     enc, dec, ae, fp = load_autoencoder(ae_ckpt, dev, src['encoder_fingerprint'] if src else None)
