@@ -496,9 +496,14 @@ def test_end_to_end_pipeline(tmp_path):
     assert w['iter'] == 1 and w['data']['action_stats'] == src['data']['action_stats']
     assert w['data']['data_dir'] == os.path.abspath(d2) and len(w['data']['train_ids']) == 3
     assert all(torch.equal(w['model'][k], src['model'][k]) for k in src['model'])
+    # its resume keeps those statistics (not the ones of its own data)
+    r = _run(warm_args[:4] + ['--init_from=resume', '--max_iters=2', '--eval_interval=2'] + warm_args[7:], ROOT)
+    assert r.returncode == 0, r.stderr
+    w2 = common.load_checkpoint(f'{dyn}w/ckpt.pt')
+    assert w2['iter'] == 2 and w2['data']['action_stats'] == src['data']['action_stats']
     r = _run(warm_args + ['--dyn_ch=8'], ROOT)  # another architecture is refused by name, nothing written
     assert r.returncode != 0 and 'dyn_ch' in r.stderr, r.stderr
-    assert common.load_checkpoint(f'{dyn}w/ckpt.pt')['iter'] == 1
+    assert common.load_checkpoint(f'{dyn}w/ckpt.pt')['iter'] == 2
     # the simulator API over the trained checkpoint: batched, history reset, bad actions refused
     dyn_m, enc, dec, ckd = rollout.load_world_model(f'{dyn}/ckpt.pt', 'cpu')
     sim = rollout.Simulator(dyn_m, enc, dec, ckd, seed=1)

@@ -158,8 +158,8 @@ def main():
     ranges = D.episode_ranges(ends)
     train_ids, val_ids = D.split_episodes(len(ends), val_frac, split_seed)
     train_ids, val_ids = [int(i) for i in train_ids], [int(i) for i in val_ids]
-    # a warm start keeps the normalisation its weights learned (new data may span a slightly other range)
-    stats = warm['data']['action_stats'] if warm else D.action_stats(ds['actions'], ends, train_ids)
+    # a warm start or a resume keeps the normalisation its weights learned (new data may span another range)
+    stats = src['data']['action_stats'] if src else D.action_stats(ds['actions'], ends, train_ids)
     A = ds['actions'].shape[1]
     if warm is not None:  # same network and action size; data, split and schedule are this run's own
         check_compatible(init_from, warm['config'], config, ARCH_KEYS, [('action_dim', warm['action_dim'], A)])
