@@ -189,7 +189,7 @@ class Play:
     def reset(self):
         """Start again from a random held-out real frame; a running recording closes its episode here."""
         with self.lock:
-            self.frame = self.sim.reset(rollout.held_out_starts(self.ds, self.ck, 1, self.rng))[0]
+            self.frame = self.sim.reset(rollout.held_out_starts(self.ds, self.ck, 1, self.rng, self.cfg['data_dir'] or self.ck['data']['data_dir']))[0]
             self.steps = 0
             if self.rec is not None:  # a reset ends the recorded episode; the next one starts here
                 self._close_episode()

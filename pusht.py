@@ -938,7 +938,7 @@ def record_demos(cfg):
     if os.path.isdir(cfg['record_dir']) and os.listdir(cfg['record_dir']):  # refuse before the rollout, not after
         raise SystemExit(f"{cfg['record_dir']}: folder exists and is not empty; record_demos writes a new dataset there")
     n, H = cfg['num_episodes'], cfg['steps']
-    first = rollout.held_out_starts(ds, ck, n, np.random.default_rng(cfg['seed']))
+    first = rollout.held_out_starts(ds, ck, n, np.random.default_rng(cfg['seed']), cfg['data_dir'] or ck['data']['data_dir'])
     sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     sim.reset(first)
     frames = []

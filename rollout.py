@@ -112,10 +112,18 @@ class Simulator:
         return M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))
 
 
-def held_out_starts(ds, ck, n, rng):
-    """n real frames from the checkpoint's held-out episodes (random episode, random frame)."""
+def unseen_episodes(ck, data_dir, ranges):
+    """Episode ids of the dataset at data_dir that the checkpoint never trained on: its held-out ones when
+    it is the training data, every episode of any other dataset (a test set). -> (ids, is_training_data)"""
+    own = os.path.abspath(data_dir) == os.path.abspath(ck['data']['data_dir'])
+    return [i for i in (ck['data']['val_ids'] if own else range(len(ranges))) if i < len(ranges)], own
+
+
+def held_out_starts(ds, ck, n, rng, data_dir):
+    """n real frames from episodes of ds (loaded from data_dir) that the checkpoint never trained on
+    (random episode, random frame)."""
     ranges = D.episode_ranges(ds['episode_ends'])
-    ids = [i for i in ck['data']['val_ids'] if i < len(ranges)] or list(range(len(ranges)))
+    ids = unseen_episodes(ck, data_dir, ranges)[0] or list(range(len(ranges)))  # (val_frac 0: no held-out episode)
     pick = [ranges[ids[j]] for j in rng.integers(0, len(ids), n)]
     return np.stack([np.asarray(ds['frames'][rng.integers(s, e)]) for s, e in pick])
 
@@ -168,10 +176,8 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
                          f"{ck['data']['image_size']} and {ck['action_dim']}")
     ranges = D.episode_ranges(ds['episode_ends'])
     H = cfg['horizon']
-    # the training data: its held-out episodes; another dataset (a separate test set): every episode
-    own_data = os.path.abspath(data_dir) == os.path.abspath(ck['data']['data_dir'])
-    ids = ck['data']['val_ids'] if own_data else range(len(ranges))
-    val_ids = [i for i in ids if i < len(ranges) and ranges[i][1] - ranges[i][0] > H]
+    ids, own_data = unseen_episodes(ck, data_dir, ranges)
+    val_ids = [i for i in ids if ranges[i][1] - ranges[i][0] > H]
     if not val_ids:
         raise SystemExit(f"no {'held-out ' if own_data else ''}episode of {data_dir!r} is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]

@@ -485,6 +485,10 @@ def test_end_to_end_pipeline(tmp_path):
               f'--out_dir={ev}2', '--fps_steps=2', f'--lpips_dir={tmp_path}'], ROOT)
     assert r.returncode == 0, r.stderr
     assert '4 test-set episodes' in r.stdout and json.load(open(f'{ev}2/metrics.json'))['episodes'] == [0, 1, 2, 3]
+    # the same rule picks the start frames of play.py and record_demos (rollout.held_out_starts)
+    ck7 = common.load_checkpoint(f'{dyn}/ckpt.pt')
+    assert rollout.unseen_episodes(ck7, d2, [(0, 14)] * 4) == ([0, 1, 2, 3], False)
+    assert rollout.unseen_episodes(ck7, d, [(0, 14)] * 3) == (ck7['data']['val_ids'], True)
     # a warm start: the weights and action statistics of the given checkpoint, this run's data and split
     # (lr 0 leaves the weights as loaded: a scratch start would differ)
     warm_args = ['train_dynamics.py', f'--data_dir={d2}', f'--ae_ckpt={ae}/ckpt_deterministic.pt', f'--out_dir={dyn}w',

@@ -130,9 +130,11 @@ def main():
     best_path = os.path.join(out_dir, 'ckpt_best.pt')
 
     resume = load_checkpoint(ckpt_path, expect_kind='dynamics') if init_from == 'resume' else None
-    if init_from not in ('scratch', 'resume') and not os.path.isfile(init_from):
-        raise SystemExit(f"init_from must be 'scratch', 'resume' or a dynamics checkpoint's path; {init_from!r} does not exist")
-    warm = load_checkpoint(init_from, expect_kind='dynamics') if init_from not in ('scratch', 'resume') else None
+    warm = None
+    if init_from not in ('scratch', 'resume'):  # a warm start (a typo is not taken for a path)
+        if not os.path.isfile(init_from):
+            raise SystemExit(f"init_from must be 'scratch', 'resume' or a dynamics checkpoint's path; {init_from!r} does not exist")
+        warm = load_checkpoint(init_from, expect_kind='dynamics')
     src = resume or warm  # the latents must come from the encoder the weights were trained on
     enc, dec, ae, fp = load_autoencoder(ae_ckpt, dev, src['encoder_fingerprint'] if src else None)
     # room for the latest, the best and one being written; checked before any data is read. The size
