@@ -25,7 +25,7 @@ detectable (pusht.pusht_detectable on every detect_every-th frame), how T-shaped
 (pusht.block_shape_iou: IoU with a T drawn at its estimated pose), and FPS. Writes OUT/stability.json
 and OUT/stability.png (the first frame, then the last frame of every report row).
 
-diagnose (Push-T): where is the T block's error born? Three tables, written to OUT/diagnose.json:
+diagnose (Push-T): where is the T block's error born? Four tables, written to OUT/diagnose.json:
   untouched  gym-pusht start states with the agent clear of the T and commanded to hold still, so the
              true T never moves: how T-shaped (pusht.block_shape_iou) and where (centroid drift, px) the
              block is in the truth, in decode(encode(truth)) and in the model's rollout, at a few steps;
@@ -36,6 +36,10 @@ diagnose (Push-T): where is the T block's error born? Three tables, written to O
              steps predicted with the recorded actions; where the true T moved (> 1 px or > 3 deg), the
              error of the predicted change of the T's centroid (px) and angle (deg), against
              predicting no change: is the T pushed the right way and turned by the right angle?
+  fit        the stage-2 training loss (model.dynamics_loss, the run's context noise and targets) on
+             fit_batches x 16 random windows of the training episodes and of unseen ones (as in open
+             loop), the same draws for both: a ratio well above 1 is memorisation, a cue for more data.
+The open loop and fit tables read unseen episodes from data_dir (rollout.unseen_episodes' rule).
 """
 import ast
 import contextlib
@@ -80,6 +84,8 @@ num_episodes = 8  # diagnose: held-out episodes
 horizon = 192  # diagnose: steps of the untouched-T test and of the open-loop rollouts
 contact_every = 32  # diagnose: the short teacher-forced predictions start every this many steps
 contact_len = 8  # diagnose: ... and run this many steps
+data_dir = ''  # diagnose: '' = the checkpoint's data (its held-out episodes); another dataset = all of it, a test set
+fit_batches = 40  # diagnose: batches of 16 random windows for the one-step loss on training vs unseen episodes
 # ------------------------------------------------------------------------------------
 RECIPE_FILES = {'cpu': ('config/ae_pusht_cpu.py', 'config/dyn_pusht_cpu.py', 64),
                 'gpu': ('config/ae_pusht_gpu.py', 'config/dyn_pusht_gpu.py', 128)}
@@ -449,6 +455,29 @@ def _wrap_deg(a):
 
 
 @torch.no_grad()
+@torch.no_grad()
+def one_step_loss(dyn, enc, ck, frames, actions, ranges, ids, n_batches, dev, seed=0, bs=16):
+    """The stage-2 training loss on n_batches x bs random windows whose last frame lies in the episodes ids
+    (frames encoded here). The seeds are fixed, so two sets of episodes, or two models, see the same draws
+    of window position, noise level and noise. -> (mean, standard error of the mean)"""
+    import data as D
+    c, abar = ck['config'], M.sigmoid_alpha_bar().to(dev)
+    a = D.normalize_actions(np.asarray(actions, np.float32), ck['data']['action_stats'])  # (N, A) in [-1, 1]
+    tgt = np.concatenate([np.arange(ranges[i][0] + 1, ranges[i][1]) for i in ids])  # every frame but an episode's first
+    start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in ids])
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)  # dynamics_loss draws its levels and noise from torch's global generator
+    losses = []
+    for _ in range(n_batches):
+        p = rng.integers(0, len(tgt), bs)
+        fidx, act = D.make_windows(tgt[p], start[p], c['window'], a)  # (bs, W), (bs, W, A+1)
+        z = enc(M.frames_to_tensor(np.asarray(frames[fidx.reshape(-1)]), dev))  # (bs*W, C, h, w)
+        z = z.reshape(*fidx.shape, *z.shape[1:])  # (bs, W, C, h, w)
+        losses.append(M.dynamics_loss(dyn, z, torch.from_numpy(act).to(dev), abar, c['ctx_noise'], c['all_frames'],
+                                      c['dyn_residual']).item())
+    return float(np.mean(losses)), float(np.std(losses) / np.sqrt(n_batches))
+
+
 def bench_diagnose(cfg):
     """--mode=diagnose (the top of the file); writes OUT/diagnose.json and returns it."""
     import data as D
@@ -485,10 +514,14 @@ def bench_diagnose(cfg):
                          'latent_mse': float(((sim.ctx[:, -1] - z_true) ** 2).mean())})
     out['untouched'] = rows
 
-    # 2. open loop on held-out episodes: decoder alone vs the rollout, per block of 32 steps
-    ds = D.load_dataset(ck['data']['data_dir'])
+    # 2. open loop on unseen episodes: decoder alone vs the rollout, per block of 32 steps
+    data_dir = cfg['data_dir'] or ck['data']['data_dir']
+    ds = D.load_dataset(data_dir)
     ranges = D.episode_ranges(ds['episode_ends'])
-    eps = [i for i in ck['data']['val_ids'] if ranges[i][1] - ranges[i][0] > H][:cfg['num_episodes']]
+    unseen = rollout.unseen_episodes(ck, data_dir, ranges)[0]
+    eps = [i for i in unseen if ranges[i][1] - ranges[i][0] > H][:cfg['num_episodes']]
+    if not eps:
+        raise SystemExit(f"diagnose: no unseen episode of {data_dir!r} is longer than horizon={H} steps")
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
     acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
     E = len(eps)
@@ -528,7 +561,15 @@ def bench_diagnose(cfg):
                       'centroid_err_px_no_change': float(np.mean(err[:, 1])) if len(err) else None,
                       'angle_err_deg': float(np.mean(err[:, 2])) if len(err) else None,
                       'angle_err_deg_no_change': float(np.mean(err[:, 3])) if len(err) else None}
-    out.update({'ckpt': os.path.abspath(cfg['ckpt']), 'decoder': os.path.abspath(cfg['ae_ckpt'] or ck['ae_ckpt']),
+    # 4. fit: the training loss on training windows vs unseen ones (same draws)
+    tr = D.load_dataset(ck['data']['data_dir'])
+    fit_tr = one_step_loss(dyn, enc, ck, tr['frames'], tr['actions'], D.episode_ranges(tr['episode_ends']),
+                           ck['data']['train_ids'], cfg['fit_batches'], dev, cfg['seed'])
+    fit_un = one_step_loss(dyn, enc, ck, ds['frames'], ds['actions'], ranges, unseen, cfg['fit_batches'], dev, cfg['seed'])
+    out['fit'] = {'loss_train': fit_tr[0], 'loss_train_sem': fit_tr[1], 'loss_unseen': fit_un[0],
+                  'loss_unseen_sem': fit_un[1], 'ratio': fit_un[0] / fit_tr[0], 'unseen_episodes': len(unseen),
+                  'windows': 16 * cfg['fit_batches']}
+    out.update({'data_dir': os.path.abspath(data_dir), 'ckpt': os.path.abspath(cfg['ckpt']), 'decoder': os.path.abspath(cfg['ae_ckpt'] or ck['ae_ckpt']),
                 'episodes': [int(i) for i in eps], 'date_utc': time.strftime('%Y-%m-%d %H:%M', time.gmtime())})
     os.makedirs(cfg['out_dir'], exist_ok=True)
     with open(os.path.join(cfg['out_dir'], 'diagnose.json'), 'w') as f:
@@ -538,6 +579,7 @@ def bench_diagnose(cfg):
     for r in out['open_loop']:
         print('open loop', ' '.join(f"{a}={_fmt(b)}" for a, b in r.items()))
     print('contact', ' '.join(f"{a}={_fmt(b)}" for a, b in out['contact'].items()))
+    print('fit', ' '.join(f"{a}={_fmt(b)}" for a, b in out['fit'].items()))
     return out
 
 

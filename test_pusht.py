@@ -589,6 +589,30 @@ def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, m
     assert c['centroid_err_px'] == pytest.approx(c['centroid_err_px_no_change'])
     assert c['angle_err_deg'] == pytest.approx(c['angle_err_deg_no_change'], abs=1e-6)
     assert json.load(open(tmp_path / 'diagnose.json'))['open_loop'][0]['steps'] == [1, 12]
+    f = out['fit']  # tiny_world holds out 1 of its 3 episodes
+    assert f['unseen_episodes'] == 1 and f['loss_train'] > 0 and f['ratio'] == pytest.approx(f['loss_unseen'] / f['loss_train'])
+
+
+def test_one_step_loss_reads_only_the_episodes_it_is_given(tiny_world):
+    """bench.one_step_loss (diagnose's fit table): the training-window loss does not change, bit for bit, when
+    the held-out episode's frames are wiped, and the held-out loss does; the same call twice gives the same
+    number (fixed draws). A sampler that strays into other episodes, or unseeded noise, fails this."""
+    d, ckpt = tiny_world
+    dyn, _, _, ck = rollout.load_world_model(ckpt, 'cpu')
+    # a 6-step encoder hardly tells frames apart: a stand-in whose latent is the frame's mean makes a wiped episode show
+    enc = lambda x: x.mean((1, 2, 3)).reshape(-1, 1, 1, 1).expand(-1, *ck['latent_shape'])  # (B, C, h, w)
+    ds = data.load_dataset(d)
+    ranges = data.episode_ranges(ds['episode_ends'])
+    tr, va = ck['data']['train_ids'], ck['data']['val_ids']
+    frames = np.array(ds['frames'])
+    args = (ds['actions'], ranges)
+    base_tr = bench.one_step_loss(dyn, enc, ck, frames, *args, tr, 3, 'cpu', bs=4)
+    base_va = bench.one_step_loss(dyn, enc, ck, frames, *args, va, 3, 'cpu', bs=4)
+    assert bench.one_step_loss(dyn, enc, ck, frames, *args, tr, 3, 'cpu', bs=4) == base_tr
+    for i in va:
+        frames[ranges[i][0]:ranges[i][1]] = 255  # a white screen where the held-out episode was
+    assert bench.one_step_loss(dyn, enc, ck, frames, *args, tr, 3, 'cpu', bs=4) == base_tr
+    assert bench.one_step_loss(dyn, enc, ck, frames, *args, va, 3, 'cpu', bs=4)[0] != pytest.approx(base_va[0], rel=1e-3)
 
 
 def test_ablate_scorer_follows_the_data():
