@@ -455,7 +455,6 @@ def _wrap_deg(a):
 
 
 @torch.no_grad()
-@torch.no_grad()
 def one_step_loss(dyn, enc, ck, frames, actions, ranges, ids, n_batches, dev, seed=0, bs=16):
     """The stage-2 training loss on n_batches x bs random windows whose last frame lies in the episodes ids
     (frames encoded here). The seeds are fixed, so two sets of episodes, or two models, see the same draws
@@ -463,8 +462,7 @@ def one_step_loss(dyn, enc, ck, frames, actions, ranges, ids, n_batches, dev, se
     import data as D
     c, abar = ck['config'], M.sigmoid_alpha_bar().to(dev)
     a = D.normalize_actions(np.asarray(actions, np.float32), ck['data']['action_stats'])  # (N, A) in [-1, 1]
-    tgt = np.concatenate([np.arange(ranges[i][0] + 1, ranges[i][1]) for i in ids])  # every frame but an episode's first
-    start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in ids])
+    tgt, start = D.window_targets(ranges, ids)  # as training draws them
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)  # dynamics_loss draws its levels and noise from torch's global generator
     losses = []
@@ -478,6 +476,7 @@ def one_step_loss(dyn, enc, ck, frames, actions, ranges, ids, n_batches, dev, se
     return float(np.mean(losses)), float(np.std(losses) / np.sqrt(n_batches))
 
 
+@torch.no_grad()
 def bench_diagnose(cfg):
     """--mode=diagnose (the top of the file); writes OUT/diagnose.json and returns it."""
     import data as D

@@ -180,6 +180,14 @@ def episode_ranges(episode_ends):
     return list(zip(starts, [int(e) for e in episode_ends]))
 
 
+def window_targets(ranges, ids):
+    """Every frame of the episodes ids that can be a training target (all but an episode's first), and the
+    first row of its episode: (tgt, start), two int arrays for make_windows."""
+    tgt = np.concatenate([np.arange(ranges[i][0] + 1, ranges[i][1]) for i in ids])
+    start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in ids])
+    return tgt, start
+
+
 # -----------------------------------------------------------------------------
 # splits and action normalization
 

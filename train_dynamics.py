@@ -189,8 +189,7 @@ def main():
         print(f"latents {tuple(z_all.shape)} for {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
               f"encoded or loaded in {time.time()-t0:.1f} s")
     # every frame that is not its episode's first can be a training target
-    tgt = np.concatenate([np.arange(ranges[i][0] + 1, ranges[i][1]) for i in train_ids])
-    tgt_start = np.concatenate([np.full(ranges[i][1] - ranges[i][0] - 1, ranges[i][0]) for i in train_ids])
+    tgt, tgt_start = D.window_targets(ranges, train_ids)
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     amap = None
