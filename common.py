@@ -255,8 +255,12 @@ def ddp_setup(device_name='auto'):
     return True, rank, local, world, dev
 
 
-def ddp_cleanup():
+def ddp_cleanup(wait=False):
+    """Tear the process group down. wait=True (a normal end) first waits for every rank: rank 0 may still be
+    writing the last checkpoint, and a gloo peer that tears down while another is busy aborts the run."""
     if dist.is_available() and dist.is_initialized():
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 

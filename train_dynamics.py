@@ -327,5 +327,6 @@ def main():
 if __name__ == '__main__':
     try:
         main()
+        ddp_cleanup(wait=True)
     finally:
-        ddp_cleanup()
+        ddp_cleanup()  # after an error: no waiting (a rank that failed alone would hang the others)
