@@ -205,6 +205,49 @@ def test_make_windows_attaches_the_action_that_produced_each_frame():
                 assert tuple(_square_centre(d['frames'][idx[b, w]])) == tuple(act[b, w, :2]), (b, w)
 
 
+def test_motion_probs_favour_moving_windows_and_stay_inside_the_episode():
+    """data.motion_probs: p_e = (1 + strength m_e / mean m) / sum, m_e the change of the window's own steps.
+    A change at an episode's first frame (a jump from the previous episode) never counts."""
+    ranges = [(0, 5), (5, 9)]
+    tgt, start = data.window_targets(ranges, [0, 1])  # targets 1..4 and 6..8
+    d = np.zeros(9)
+    d[7] = 1.0  # frame 7 moves: windows of 3 ending on 7 and 8 see it
+    d[5] = 100.0  # the first frame of episode 2 (never part of a window's steps)
+    assert np.allclose(data.motion_probs(d, tgt, start, 3, 0.0), 1 / len(tgt))
+    p = data.motion_probs(d, tgt, start, 3, 2.0)
+    m = np.array([0, 0, 0, 0, 0, 1, 1], float)  # targets 1, 2, 3, 4, 6, 7, 8
+    expect = 1 + 2 * m / m.mean()
+    assert np.allclose(p, expect / expect.sum()), p
+
+
+def test_training_draws_more_moving_windows_when_asked(tmp_path, monkeypatch):
+    """Through train_dynamics itself: with motion_sampling the windows come from the episode that moves,
+    not from the one whose frames never change; without it, from both."""
+    import runpy
+    rng = np.random.default_rng(0)
+    train_ids, _ = data.split_episodes(3, 0.34, 0)
+    still = train_ids[0]
+    frames = [np.repeat(rng.integers(0, 256, (1, 32, 32, 3), dtype=np.uint8), 14, 0) if i == still
+              else rng.integers(0, 256, (14, 32, 32, 3), dtype=np.uint8) for i in range(3)]
+    actions = [rng.uniform(0, 512, (14, 2)).astype(np.float32) for _ in range(3)]
+    d = str(tmp_path / 'd')
+    data.write_dataset(d, frames, actions, dict(fps=10, action_low=[0.0, 0.0], action_high=[512.0, 512.0], source='test'))
+    ae = _ddp_fake_ae(tmp_path / 'ae.pt')
+    picked = []
+    orig = data.make_windows
+    monkeypatch.setattr(data, 'make_windows', lambda t, s, W, a: (picked.append(np.asarray(s).copy()), orig(t, s, W, a))[1])
+    counts = {}
+    for w in (0.0, 50.0):
+        picked.clear()
+        monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o{w}',
+                                          '--max_iters=4', '--eval_interval=100', f'--motion_sampling={w}'] + _DDP_DYN)
+        runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+        starts = np.concatenate(picked)
+        assert len(starts) == 16, len(starts)
+        counts[w] = int((starts == still * 14).sum())  # windows drawn from the still episode
+    assert counts[0.0] >= 4 and counts[50.0] <= 1, counts
+
+
 def _square_episodes(lengths=(14, 14, 14), S=32, seed=0):
     """Frames of a 4x4 square that jumps to the (x, y) pixel the previous action pointed at (absolute
     targets, the data format's alignment); actions in pixels of the frame."""

@@ -55,6 +55,7 @@ ctx_noise = True  # noise the context latents at U{1..99} in training (the paper
 # own_ctx did not pay from scratch at 7 minutes, but did as a warm start from the long recipe's model
 dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics)
 own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context), ~+30% per iter at 0.5
+motion_sampling = 0.0  # draw windows with p ~ 1 + this x (their latent change / the mean): more of the steps where things move (data.motion_probs)
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
 grad_accum = 1  # micro-batches per rank per optimizer step
@@ -124,6 +125,8 @@ ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spati
 def main():
     ddp, rank, local_rank, world, dev = ddp_setup(device)
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
+    if not motion_sampling >= 0:
+        raise SystemExit(f"motion_sampling must be >= 0 (0 draws windows uniformly), got {motion_sampling}")
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
         raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
@@ -190,6 +193,12 @@ def main():
               f"encoded or loaded in {time.time()-t0:.1f} s")
     # every frame that is not its episode's first can be a training target
     tgt, tgt_start = D.window_targets(ranges, train_ids)
+    probs = None
+    if motion_sampling > 0:  # how much each frame's latent differs from the previous one (0 at an episode's start)
+        step = torch.zeros(len(z_all))
+        step[1:] = ((z_all[1:] - z_all[:-1]) ** 2).mean((1, 2, 3))  # (N-1,)
+        step[[r[0] for r in ranges]] = 0
+        probs = D.motion_probs(step.numpy(), tgt, tgt_start, window, motion_sampling)
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     amap = None
@@ -263,7 +272,7 @@ def main():
         for micro in range(grad_accum):
             if sample_seed == 'micro':  # keyed by the global micro-batch index, not by rank
                 np_rng, _ = seed_streams(seed, 1, it, rank * grad_accum + micro)
-            pick = np_rng.integers(0, len(tgt), batch_size)
+            pick = np_rng.integers(0, len(tgt), batch_size) if probs is None else np_rng.choice(len(tgt), batch_size, p=probs)
             fidx, act = D.make_windows(tgt[pick], tgt_start[pick], window, a_norm_np)
             z = z_all[torch.from_numpy(fidx)].to(dev)  # (B, W, C, h, w)
             act = torch.from_numpy(act).to(dev)  # (B, W, A+1)
