@@ -211,11 +211,12 @@ def test_motion_probs_favour_moving_windows_and_stay_inside_the_episode():
     ranges = [(0, 5), (5, 9)]
     tgt, start = data.window_targets(ranges, [0, 1])  # targets 1..4 and 6..8
     d = np.zeros(9)
-    d[7] = 1.0  # frame 7 moves: windows of 3 ending on 7 and 8 see it
+    d[2] = 1.0  # frame 2 moves: windows of 3 (2 steps) ending on 2 and 3 see it, the one ending on 4 does not
+    d[7] = 1.0  # frame 7 moves: windows ending on 7 and 8 see it
     d[5] = 100.0  # the first frame of episode 2 (never part of a window's steps)
     assert np.allclose(data.motion_probs(d, tgt, start, 3, 0.0), 1 / len(tgt))
     p = data.motion_probs(d, tgt, start, 3, 2.0)
-    m = np.array([0, 0, 0, 0, 0, 1, 1], float)  # targets 1, 2, 3, 4, 6, 7, 8
+    m = np.array([0, 1, 1, 0, 0, 1, 1], float)  # targets 1, 2, 3, 4, 6, 7, 8
     expect = 1 + 2 * m / m.mean()
     assert np.allclose(p, expect / expect.sum()), p
 
