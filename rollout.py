@@ -48,8 +48,10 @@ device = 'auto'  # cuda, then mps, then cpu; or name one
 METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips')
 
 
-def load_world_model(ckpt_path, dev, ae_path=''):
-    """Dynamics + the autoencoder it was trained on (encoder fingerprint checked)."""
+def load_world_model(ckpt_path, dev, ae_path='', raw=False):
+    """Dynamics + the autoencoder it was trained on (encoder fingerprint checked). A run trained with
+    ema_decay > 0 carries the moving average of its weights ('model_ema'): that is what is loaded,
+    unless raw=True asks for the last optimizer step's weights ('model')."""
     ck = load_checkpoint(ckpt_path, expect_kind='dynamics')
     c = ck['config']
     if 'action_map' not in ck or 'dyn_residual' not in c:
@@ -58,7 +60,7 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
     dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
                      c['dyn_spatial_attn'], ck['action_map'], c['dyn_residual'])
-    dyn.load_state_dict(ck['model'])
+    dyn.load_state_dict(ck['model'] if raw or 'model_ema' not in ck else ck['model_ema'])
     return dyn.to(dev).eval(), enc, dec, ck
 
 

@@ -249,6 +249,49 @@ def test_training_draws_more_moving_windows_when_asked(tmp_path, monkeypatch):
     assert counts[0.0] >= 4 and counts[50.0] <= 1, counts
 
 
+def test_ema_is_the_moving_average_of_the_steps_and_rollouts_load_it(tmp_path, monkeypatch):
+    """Through train_dynamics itself: with ema_decay the checkpoint's 'model_ema' is the warmed-up moving average
+    of the weights after every optimizer step, continued (not restarted) by a resume; rollouts load it unless
+    raw=True; without ema_decay there is none."""
+    import runpy
+    d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
+    snaps = []  # the weights before the first step, then after every step
+    orig = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        ps = self.param_groups[0]['params']
+        if not snaps:
+            snaps.append([p.detach().clone() for p in ps])
+        out = orig(self, *a, **k)
+        snaps.append([p.detach().clone() for p in ps])
+        return out
+    monkeypatch.setattr(torch.optim.AdamW, 'step', step)
+    decay, out = 0.6, str(tmp_path / 'o')
+    for n, extra in ((2, []), (4, ['--init_from=resume'])):
+        monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={out}',
+                                          f'--max_iters={n}', '--eval_interval=100', f'--ema_decay={decay}', '--lr=0.05',
+                                          '--warmup_iters=1'] + extra + _DDP_DYN)  # big steps: a restarted average shows
+        runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    assert len(snaps) == 5
+    ema = snaps[0]
+    for it in range(4):  # w_ema <- d w_ema + (1 - d) w, d = min(decay, (1 + it) / (10 + it))
+        dd = min(decay, (1 + it) / (10 + it))
+        ema = [dd * e + (1 - dd) * w for e, w in zip(ema, snaps[it + 1])]
+    ck = common.load_checkpoint(f'{out}/ckpt.pt')
+    names = list(ck['model'])
+    assert all(torch.allclose(ck['model'][k], w) for k, w in zip(names, snaps[-1]))
+    assert all(torch.allclose(ck['model_ema'][k], e, atol=1e-6) for k, e in zip(names, ema))
+    assert not all(torch.allclose(ck['model_ema'][k], ck['model'][k]) for k in names)  # the two really differ
+    dyn_e, *_ = rollout.load_world_model(f'{out}/ckpt.pt', 'cpu')
+    dyn_r, *_ = rollout.load_world_model(f'{out}/ckpt.pt', 'cpu', raw=True)
+    assert all(torch.equal(dyn_e.state_dict()[k], ck['model_ema'][k]) for k in names)
+    assert all(torch.equal(dyn_r.state_dict()[k], ck['model'][k]) for k in names)
+    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={out}0',
+                                      '--max_iters=1', '--eval_interval=100'] + _DDP_DYN)
+    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    assert 'model_ema' not in common.load_checkpoint(f'{out}0/ckpt.pt')
+
+
 def _square_episodes(lengths=(14, 14, 14), S=32, seed=0):
     """Frames of a 4x4 square that jumps to the (x, y) pixel the previous action pointed at (absolute
     targets, the data format's alignment); actions in pixels of the frame."""

@@ -16,6 +16,7 @@ frame is the one that produced it.
 Several GPUs (or CPU processes, gloo): torchrun --standalone --nproc_per_node=N train_dynamics.py ...
 Global batch per optimizer step = batch_size * grad_accum * N (batch_size is per micro-batch and rank).
 """
+from copy import deepcopy
 import json
 import math
 import os
@@ -55,6 +56,8 @@ ctx_noise = True  # noise the context latents at U{1..99} in training (the paper
 # not pay from scratch at 7 minutes, but did as a warm start from the long recipe's model; motion_sampling did not pay
 dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics)
 own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context), ~+30% per iter at 0.5
+ema_decay = 0.0  # 0 = off; else keep an exponential moving average of the weights (decay per iter, warmed up as
+                 # min(decay, (1+it)/(10+it))), used for validation and saved as 'model_ema', which rollouts then load
 motion_sampling = 0.0  # draw windows with p ~ 1 + this x (their latent change / the mean): more of the steps where things move (data.motion_probs)
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
@@ -127,6 +130,8 @@ def main():
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
     if not motion_sampling >= 0:
         raise SystemExit(f"motion_sampling must be >= 0 (0 draws windows uniformly), got {motion_sampling}")
+    if not 0 <= ema_decay < 1:
+        raise SystemExit(f"ema_decay must be in [0, 1) (0 = no moving average), got {ema_decay}")
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
         raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
@@ -227,6 +232,13 @@ def main():
         dyn.load_state_dict(warm['model'])
         if master:
             print(f"warm start from {init_from} (iteration {warm['iter']} of its run)")
+    # the moving average of the weights (not trained; a plain copy, so it is never compiled or wrapped)
+    ema = None
+    if ema_decay > 0:
+        ema = deepcopy(dyn).requires_grad_(False).eval()
+        src_ema = resume.get('model_ema') if resume is not None else None
+        if src_ema is not None:
+            ema.load_state_dict(src_ema)
     dyn_run = torch.compile(dyn) if compile else dyn
     if ddp:  # wrap the (compiled) module; checkpoints always take the raw dyn
         dyn_run = DDP(dyn_run, device_ids=[local_rank] if dev.startswith('cuda') else None)
@@ -253,6 +265,7 @@ def main():
         save_checkpoint({
             'kind': 'dynamics', 'model': dyn.state_dict(), 'optimizer': opt.state_dict(), 'iter': it,
             'best_val': best, 'val_latent_mse': val, 'config': run_cfg,
+            **({'model_ema': ema.state_dict()} if ema is not None else {}),
             'ae_ckpt': os.path.abspath(ae_ckpt), 'encoder_fingerprint': fp,
             'latent_shape': list(z_all.shape[1:]), 'action_dim': A, 'action_map': amap,
             'data': {'data_dir': os.path.abspath(data_dir), 'meta': ds['meta'], 'image_size': S,
@@ -304,6 +317,11 @@ def main():
             raise SystemExit(f"iter {it + 1}: gradient norm is {gn} (dynamics loss {loss_sum / n_micro:.6g}); stopped "
                              f"before the optimizer step, the last good checkpoint {ckpt_path!r} is untouched")
         opt.step()
+        if ema is not None:  # w_ema <- d w_ema + (1 - d) w, with d warmed up so early weights do not linger
+            d = min(ema_decay, (1 + it) / (10 + it))
+            with torch.no_grad():
+                for pe, p in zip(ema.parameters(), dyn.parameters()):
+                    pe.lerp_(p, 1 - d)
         it += 1
         if master and (it % log_interval == 0 or it == 1):
             dt = (time.time() - t0) / (log_interval if it > 1 else 1)
@@ -313,8 +331,9 @@ def main():
         improved = False
         if evaluated and master:
             dyn.eval()
+            net = ema if ema is not None else dyn  # validate the weights a rollout will load
             g = torch.Generator().manual_seed(0)
-            pred = latent_rollout(dyn, vz, va, abar, window, ctx_level, g)
+            pred = latent_rollout(net, vz, va, abar, window, ctx_level, g)
             err = ((pred - vz[:, 1:]) ** 2).mean().item()
             copy = ((vz[:, :1] - vz[:, 1:]) ** 2).mean().item()
             improved, best, last_val = err < best, min(best, err), err
