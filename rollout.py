@@ -36,6 +36,8 @@ horizon = 192  # predicted steps per episode, open loop from its first frame (19
 window = 0  # 0 = the training window stored in the checkpoint
 ctx_level = 15  # noise level the context latents are labelled with
 decode_steps = 3  # decoder jumps per frame
+reencode = False  # feed each shown frame back as a camera frame: its uint8 image re-encoded replaces the predicted
+                  # latent in the context (one encoder pass per step; not in the paper; README lever tables)
 batch_size = 8  # episodes rolled out in parallel
 seed = 0  # noise seed of the sampler: the same seed gives the same rollout
 lpips_dir = ''  # folder holding alexnet-owt-7be5be79.pth; '' = the torch hub cache
@@ -74,8 +76,9 @@ class Simulator:
     step() is the noisy-context sliding-window sampler: constant cost per frame, for as long as
     actions keep coming. Actions are normalised with the training statistics in the checkpoint."""
 
-    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0):
+    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0, reencode=False):
         self.dyn, self.enc, self.dec, self.stats = dyn, enc, dec, ck['data']['action_stats']
+        self.reencode = reencode
         self.W = window or ck['config']['window']
         self.level, self.ksteps = ctx_level, decode_steps
         self.dev = next(dyn.parameters()).device
@@ -111,7 +114,10 @@ class Simulator:
     def step(self, action):
         z, self.ctx, self.act = M.window_step(self.dyn, self.ctx, self.act, self._norm(action), self.abar,
                                               self.level, self.gen)
-        return M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))
+        frame = M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))  # (N, S, S, 3)
+        if self.reencode:  # the context keeps what was shown, encoded as a real frame is: back onto the encoder's latents
+            self.ctx[:, -1] = self.enc(M.frames_to_tensor(frame, self.dev))
+        return frame
 
 
 def unseen_episodes(ck, data_dir, ranges):
@@ -184,9 +190,10 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
         raise SystemExit(f"no {'held-out ' if own_data else ''}episode of {data_dir!r} is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
     print(f"rolling out {len(eps)} {'held-out' if own_data else 'test-set'} episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, decoder "
-          f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}")
+          f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}"
+          f"{', each shown frame re-encoded into the context' if cfg['reencode'] else ''}")
 
-    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
+    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'], cfg['reencode'])
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
     acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
     t0 = time.time()
@@ -220,7 +227,7 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
 
     out = {'model': res['model'], 'copy_baseline': res['copy_baseline'], 'fps': fps, 'horizon': H,
            'num_episodes': E, 'data_dir': os.path.abspath(data_dir), 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
-           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W},
+           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W, 'reencode': sim.reencode},
            'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev}
     out.update(Mx.fid_fvd(pred, true[:, 1:], cfg['fid_weights'] or None, cfg['fvd_weights'] or None, device=dev))
     print(f"FID: {out['fid_status'] if out['fid'] is None else round(out['fid'], 2)}; "

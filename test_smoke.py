@@ -569,9 +569,11 @@ def test_end_to_end_pipeline(tmp_path):
     data.write_dataset(d2, *_square_episodes((14, 14, 14, 14), seed=3)['lists'],
                        dict(fps=10, action_low=[0.0, 0.0], action_high=[32.0, 32.0], source='squares', image_point_dims=[0, 1]))
     r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', f'--data_dir={d2}', '--num_episodes=4', '--horizon=5',
-              f'--out_dir={ev}2', '--fps_steps=2', f'--lpips_dir={tmp_path}'], ROOT)
+              f'--out_dir={ev}2', '--fps_steps=2', f'--lpips_dir={tmp_path}', '--reencode=True'], ROOT)
     assert r.returncode == 0, r.stderr
-    assert '4 test-set episodes' in r.stdout and json.load(open(f'{ev}2/metrics.json'))['episodes'] == [0, 1, 2, 3]
+    m2 = json.load(open(f'{ev}2/metrics.json'))
+    assert '4 test-set episodes' in r.stdout and m2['episodes'] == [0, 1, 2, 3]
+    assert 're-encoded' in r.stdout and m2['knobs']['reencode'] is True
     # the same rule picks the start frames of play.py and record_demos (rollout.held_out_starts)
     ck7 = common.load_checkpoint(f'{dyn}/ckpt.pt')
     assert rollout.unseen_episodes(ck7, d2, [(0, 14)] * 4) == ([0, 1, 2, 3], False)
@@ -604,6 +606,17 @@ def test_end_to_end_pipeline(tmp_path):
     assert f.shape == (2, 32, 32, 3) and f.dtype == np.uint8
     with pytest.raises(ValueError, match='2 numbers'):
         sim.step(np.zeros((2, 3)))
+    # reencode: the same frame is shown, and the context then holds that frame's encoding (as a camera frame's);
+    # without it, the raw prediction
+    shown = {}
+    for on in (False, True):
+        s2 = rollout.Simulator(dyn_m, enc, dec, ckd, seed=1, reencode=on)
+        s2.reset(hist, np.stack([sq['actions'][0:2], sq['actions'][14:16]]))
+        shown[on] = s2.step(np.array([[10.0, 20.0], [30.0, 5.0]], dtype=np.float32))
+        with torch.no_grad():
+            z_seen = enc(M.frames_to_tensor(shown[on], 'cpu'))  # (2, C, h, w)
+        assert torch.allclose(s2.ctx[:, -1], z_seen, atol=1e-6) == on
+    np.testing.assert_array_equal(shown[False], shown[True])
     with pytest.raises(ValueError, match='uint8'):
         sim.reset(np.zeros((2, 16, 16, 3), np.uint8))
     # a different autoencoder (another stage-1 run) is refused by name
