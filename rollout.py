@@ -37,7 +37,7 @@ window = 0  # 0 = the training window stored in the checkpoint
 ctx_level = 15  # noise level the context latents are labelled with
 decode_steps = 3  # decoder jumps per frame
 reencode = False  # feed each shown frame back as a camera frame: its uint8 image re-encoded replaces the predicted
-                  # latent in the context (one encoder pass per step; not in the paper; README lever tables)
+                  # latent in the context (one encoder pass per step; not in the paper; did not pay: README lever tables)
 batch_size = 8  # episodes rolled out in parallel
 seed = 0  # noise seed of the sampler: the same seed gives the same rollout
 lpips_dir = ''  # folder holding alexnet-owt-7be5be79.pth; '' = the torch hub cache
