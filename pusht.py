@@ -898,7 +898,7 @@ def policy_eval(cfg):
                                  'block_angle_rad_median': float(np.nanmedian(err[:, 2])),
                                  'block_not_found': float(np.isnan(err[:, 1]).mean())},
         'success_threshold': thr, 'steps': H, 'num_states': E, 'seconds': {'real': t_real, 'model': t_model},
-        'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed', 'reencode')},
+        'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'reencode': sim.reencode},
         'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev,
     }
     od = cfg['out_dir']
