@@ -145,7 +145,9 @@ class SpatialAttention(nn.Module):
     def forward(self, x):
         B, C, H, W = x.shape
         qkv = self.qkv(self.n(x)).reshape(B, 3, self.heads, C // self.heads, H * W)  # (B,3,heads,d,HW)
-        q, k, v = qkv.transpose(-1, -2).unbind(1)  # each (B, heads, HW, d)
+        # contiguous: CPU's fused (flash) attention wants unit stride along d; the transposed view would
+        # send it to the unfused path, which builds every HW x HW score matrix (2x slower fwd + bwd here)
+        q, k, v = qkv.transpose(-1, -2).contiguous().unbind(1)  # each (B, heads, HW, d)
         h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, d)
         h = h.transpose(-1, -2).reshape(B, C, H, W)  # (B, C, H, W)
         return x + self.out(h)
