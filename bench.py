@@ -472,7 +472,7 @@ def one_step_loss(dyn, enc, ck, frames, actions, ranges, ids, n_batches, dev, se
         z = enc(M.frames_to_tensor(np.asarray(frames[fidx.reshape(-1)]), dev))  # (bs*W, C, h, w)
         z = z.reshape(*fidx.shape, *z.shape[1:])  # (bs, W, C, h, w)
         losses.append(M.dynamics_loss(dyn, z, torch.from_numpy(act).to(dev), abar, c['ctx_noise'], c['all_frames'],
-                                      c['dyn_residual']).item())
+                                      c['dyn_residual'], ctx_max=c.get('ctx_noise_max', 99)).item())
     return float(np.mean(losses)), float(np.std(losses) / np.sqrt(n_batches))
 
 

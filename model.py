@@ -439,11 +439,11 @@ class Dynamics(nn.Module):
         return self.out(h).reshape(B, T, C, H, W)  # v for every frame
 
 
-def dynamics_levels(B, T, ctx_level, device, generator=None):
+def dynamics_levels(B, T, ctx_level, device, generator=None, ctx_max=99):
     """Noise levels (t, s) for a window: context frames t = s (ctx_level an int, or None to draw
-    U{1..99} independently per frame), the new last frame t = 999 -> s = 0."""
+    U{1..ctx_max} independently per frame), the new last frame t = 999 -> s = 0."""
     if ctx_level is None:
-        t = torch.randint(1, 100, (B, T), generator=generator, device='cpu').to(device)
+        t = torch.randint(1, ctx_max + 1, (B, T), generator=generator, device='cpu').to(device)
     else:
         t = torch.full((B, T), ctx_level, dtype=torch.long, device=device)
     s = t.clone()
@@ -460,10 +460,10 @@ def dynamics_predict(dyn, x, t, s, a, abar, prev=None):
     return unit_norm(out if prev is None else prev + out)
 
 
-def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None):
+def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None, ctx_max=99):
     """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A+1):
-    context frames really noised at U{1..99} (or left clean when ctx_noise is off), the new frame from
-    pure noise (t = 999 -> s = 0), uniform MSE against the true latent.
+    context frames really noised at U{1..ctx_max} (the paper: 99, noise std ~0.2; or left clean when
+    ctx_noise is off), the new frame from pure noise (t = 999 -> s = 0), uniform MSE against the true latent.
     all_frames=False: the paper's layout, the last frame is the only new one (one prediction per window).
     all_frames=True: every frame after the first is a new frame in the same pass (Dynamics.forward with
     queries), each seeing exactly the context a plain window would give it: T-1 predictions per window
@@ -475,7 +475,7 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
     B, T = z.shape[:2]
     ctx = z if ctx is None else ctx
     if not all_frames:
-        t, s = dynamics_levels(B, T, None, z.device)
+        t, s = dynamics_levels(B, T, None, z.device, ctx_max=ctx_max)
         if not ctx_noise:
             t[:, :-1], s[:, :-1] = 0, 0
         eps = torch.randn_like(z)
@@ -483,7 +483,7 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
         pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar, ctx[:, -2] if residual else None)  # (B, C, h, w)
         return ((pred - z[:, -1]) ** 2).mean()
     n = T - 1
-    tc = torch.randint(1, 100, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
+    tc = torch.randint(1, ctx_max + 1, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
     t = torch.cat([tc, torch.full_like(tc, T_STEPS - 1)], 1)  # (B, 2n): context levels, then the new frames'
     s = torch.cat([tc, torch.zeros_like(tc)], 1)
     zz = torch.cat([ctx[:, :n], z[:, 1:]], 1)  # (B, 2n, C, h, w): context z_0..z_{n-1}, targets z_1..z_n

@@ -161,6 +161,9 @@ def test_context_noise_is_really_applied(monkeypatch, all_frames):
     assert t.min() >= 1 and t.max() <= 99 and len(t.unique()) > 3, t
     ctx_in = seen['x'][:, :4].reshape(6, -1, 4, 8, 8)[:, :t.shape[1]]  # (B, n, C, h, w): the frames' own latent channels
     assert (ctx_in - z[:, :t.shape[1]]).abs().max() > 0.05  # really noised, not only labelled
+    M.dynamics_loss(dyn, z, a, ABAR, ctx_noise=True, all_frames=all_frames, ctx_max=300)  # a wider range
+    wide = calls[-1]
+    assert wide.min() >= 1 and wide.max() <= 300 and wide.max() > 99, wide
     M.dynamics_loss(dyn, z, a, ABAR, ctx_noise=False, all_frames=all_frames)
     assert (calls[-1] == 0).all()
     ctx_in = seen['x'][:, :4].reshape(6, -1, 4, 8, 8)[:, :t.shape[1]]
@@ -169,19 +172,24 @@ def test_context_noise_is_really_applied(monkeypatch, all_frames):
 
 def test_training_applies_context_noise_when_asked(tmp_path, monkeypatch):
     """Through train_dynamics itself (in-process): ctx_noise=True reaches the net as context levels in
-    1..99, ctx_noise=False as 0. Catches a trainer that drops the switch on the way to the loss."""
+    1..99, or 1..ctx_noise_max when given, ctx_noise=False as 0. Catches a trainer that drops a switch on the
+    way to the loss."""
     import runpy
     d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
     calls = _record_context_levels(monkeypatch)
-    for on in (True, False):
+    for on, top in ((True, 99), (False, 99), (True, 400)):
         calls.clear()
-        monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o{on}',
-                                          '--max_iters=2', '--eval_interval=100', f'--ctx_noise={on}'] + _DDP_DYN)
+        monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o{on}{top}',
+                                          '--max_iters=2', '--eval_interval=100', f'--ctx_noise={on}'] + _DDP_DYN
+                            + ([f'--ctx_noise_max={top}'] if top != 99 else []))
         runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
         train = [t for t in calls if t.shape[0] == 4]  # batch_size 4: the training forwards (validation is 1 episode)
         assert len(train) == 2, [t.shape for t in calls]
         lv = torch.cat([t.flatten() for t in train])
-        assert ((lv >= 1) & (lv <= 99)).all() and len(lv.unique()) > 2 if on else (lv == 0).all(), (on, lv)
+        if not on:
+            assert (lv == 0).all(), lv
+        else:  # inside the range, and (with 400) reaching past the paper's 99
+            assert ((lv >= 1) & (lv <= top)).all() and len(lv.unique()) > 2 and (top == 99 or lv.max() > 99), (top, lv)
 
 
 def test_make_windows_attaches_the_action_that_produced_each_frame():

@@ -51,7 +51,9 @@ dyn_spatial_attn = 'all'  # spatial attention in every block ('all') or only the
 dyn_action_map = False  # draw the action as a spot on the latent grid (model.Dynamics); only for data whose meta.json
                         # declares image_point_dims (the action is a point in the image, as in Push-T)
 all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
-ctx_noise = True  # noise the context latents at U{1..99} in training (the paper's robustness trick)
+ctx_noise = True  # noise the context latents at U{1..ctx_noise_max} in training (the paper's robustness trick)
+ctx_noise_max = 99  # the paper's 99 (noise std ~0.2 of the unit-norm latent); larger asks the net to clean up a
+                    # context further from the data, as its own drifting rollout is (README: "context-noise range")
 # options that target the T block (not in the paper; README lever tables): dyn_residual did not pay; own_ctx did
 # not pay from scratch at 7 minutes, but did as a warm start from the long recipe's model; motion_sampling and
 # ema_decay did not pay at 1600 iterations (two seeds each)
@@ -131,6 +133,8 @@ def main():
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
     if not motion_sampling >= 0:
         raise SystemExit(f"motion_sampling must be >= 0 (0 draws windows uniformly), got {motion_sampling}")
+    if not 1 <= ctx_noise_max < M.T_STEPS - 1:
+        raise SystemExit(f"ctx_noise_max must be in 1..{M.T_STEPS - 2} (context levels are drawn from U{{1..ctx_noise_max}}), got {ctx_noise_max}")
     if not 0 <= ema_decay < 1:
         raise SystemExit(f"ema_decay must be in [0, 1) (0 = no moving average), got {ema_decay}")
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
@@ -298,7 +302,7 @@ def main():
                     ctx[own] = M.own_context(dyn, z[own], act[own], abar, ctx_level)
             # DDP reduces gradients only on the last micro-step; forward and backward both inside
             with ddp_sync([dyn_run], micro == grad_accum - 1):
-                loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx)
+                loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx, ctx_noise_max)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
                 # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
