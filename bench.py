@@ -5,6 +5,7 @@ How fast and how steady the live loop is.
     python bench.py --mode=speed --ckpt=out/dyn/ckpt.pt            # a trained world model
     python bench.py --mode=stability --ckpt=out/dyn/ckpt.pt --steps=9000
     python bench.py --mode=diagnose --ckpt=out/dyn/ckpt.pt --out_dir=out/diagnose   # Push-T models
+    python bench.py --mode=train --recipes=cpu                     # one training step of each stage
 
 speed: frames per second of rollout.Simulator.step (one dynamics jump + decode_steps decoder jumps,
 uint8 frame out) at batch 1 after warm-up; frames per second of N parallel rollouts; the cost of the
@@ -24,6 +25,12 @@ the colour drift of the frame vs the first frame, how often the agent and the T 
 detectable (pusht.pusht_detectable on every detect_every-th frame), how T-shaped the block still is
 (pusht.block_shape_iou: IoU with a T drawn at its estimated pose), and FPS. Writes OUT/stability.json
 and OUT/stability.png (the first frame, then the last frame of every report row).
+
+train: ms per optimizer step (forward, backward, AdamW) of each stage at a recipe's sizes and batch, random
+weights and data: stage 1 (encoder + consistency decoder, model.decoder_loss) and stage 2 (dynamics,
+model.dynamics_loss with every frame a target), in fp32 and with bf16 autocast (on the CPU too: that is the
+probe that says whether this machine's bf16 pays; the trainers stay fp32 there), and torch.compile'd when
+--compile=True (the step is timed after a compile that may take a minute). Writes OUT/train.json.
 
 diagnose (Push-T): where is the T block's error born? Four tables, written to OUT/diagnose.json:
   untouched  gym-pusht start states with the agent clear of the T and commanded to hold still, so the
@@ -56,7 +63,7 @@ import rollout
 from common import config_from_globals, pick_device, save_grid
 
 # ---------------------------------------------------------------------------- defaults
-mode = 'speed'  # 'speed', 'stability' or 'diagnose'
+mode = 'speed'  # 'speed', 'stability', 'diagnose' or 'train'
 ckpt = ''  # dynamics checkpoint; '' = random-init models of the `recipes` sizes
 ae_ckpt = ''  # '' = the autoencoder the dynamics checkpoint names
 out_dir = 'out/bench'
@@ -71,8 +78,9 @@ max_seconds = 30.0  # per measurement; one whose estimate exceeds it is reported
 multi_steps = 20  # the multi-step sampler's cost: dynamics passes and decoder jumps per frame
 matmul_size = 2048  # n of the n x n fp32 matmul that measures the machine's rate
 bf16 = False  # CUDA only: bf16 autocast around the step
-compile = False  # CUDA only: torch.compile the dynamics and decoder
+compile = False  # CUDA only: torch.compile the dynamics and decoder (train mode: any device, an extra row)
 cuda_graphs = False  # CUDA only: torch.compile mode 'reduce-overhead' (CUDA graphs)
+train_steps = 10  # train: timed optimizer steps per row (after 2 untimed ones)
 steps = 9000  # stability: frames to drive
 report_every = 1000  # stability: frames per report row
 detect_every = 5  # stability: segment every k-th frame (segmentation costs ~12 ms a 64x64 frame)
@@ -582,6 +590,60 @@ def bench_diagnose(cfg):
     return out
 
 
+def bench_train(cfg):
+    """--mode=train (the top of the file); writes OUT/train.json and returns it."""
+    dev = pick_device(cfg['device'])
+    kinds = [('fp32', False, False), ('bf16 autocast', True, False)] + ([('compiled fp32', False, True)] if cfg['compile'] else [])
+    rows = []
+    for r in [r for r in cfg['recipes'].split(',') if r]:
+        z = recipe_sizes(r)
+        S, lc, h = z['image_size'], z['latent_ch'], z['image_size'] // 4
+        lit = {k: _literals(os.path.join(HERE, f)) | (_literals(os.path.join(HERE, RECIPE_FILES[r][i])) if r != 'tiny' else {})
+               for k, f, i in (('ae', 'train_ae.py', 0), ('dyn', 'train_dynamics.py', 1))}  # the trainers' settings
+        batch = {k: 4 if r == 'tiny' else lit[k]['batch_size'] for k in lit}
+        for stage in ('ae', 'dyn'):
+            for kind, bf16, comp in kinds:
+                torch.manual_seed(cfg['seed'])
+                dyn, enc, dec, _ = random_world_model(z, dev)
+                abar = M.sigmoid_alpha_bar().to(dev)
+                nets = [enc.train(), dec.train()] if stage == 'ae' else [dyn.train()]
+                opt = torch.optim.AdamW([p for n in nets for p in n.parameters()], lr=1e-4)
+                run = [torch.compile(n) if comp else n for n in nets]
+                B = batch[stage]
+                if stage == 'ae':  # frames, and (t, s) drawn as stage 1 draws them
+                    x0 = torch.rand(B, 3, S, S, device=dev) * 2 - 1
+                    t = torch.randint(2, M.T_STEPS, (B,), device=dev)
+                    s = (torch.rand(B, device=dev) * (t - 1)).long() + 1
+                    loss_fn = lambda: M.decoder_loss(run[1], x0, run[0](x0), t, s, abar, both_terms=lit['ae']['both_terms'])
+                else:  # a batch of windows of unit-norm latents, every frame with an action
+                    W = z['window']
+                    lat = M.unit_norm(torch.randn(B * W, lc, h, h, device=dev)).reshape(B, W, lc, h, h)  # (B, W, C, h, w)
+                    act = M.action_input(torch.rand(B, W, 2, device=dev) * 2 - 1, 1)  # (B, W, 3)
+                    loss_fn = lambda: M.dynamics_loss(run[0], lat, act, abar)
+
+                def step():
+                    opt.zero_grad(set_to_none=True)
+                    with torch.autocast(dev.split(':')[0], dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                        loss = loss_fn()
+                    loss.float().backward()
+                    opt.step()
+                t0 = time.perf_counter()
+                sec = _time_steps(step, dev, cfg['train_steps'], float('inf'), 2)
+                rows.append({'recipe': r, 'stage': stage, 'kind': kind, 'batch': B, 'ms_per_step': sec * 1e3,
+                             'first_two_steps_s': time.perf_counter() - t0 - sec * cfg['train_steps'],  # compile's cost
+                             'params_M': sum(n_params(n) for n in nets) / 1e6})
+                print(f"{r} {stage} {kind}: {sec * 1e3:.0f} ms/step (batch {B})", flush=True)
+    out = {'device': dev, 'torch': torch.__version__, 'threads': torch.get_num_threads(),
+           'date_utc': time.strftime('%Y-%m-%d %H:%M', time.gmtime()), 'results': rows}
+    os.makedirs(cfg['out_dir'], exist_ok=True)
+    with open(os.path.join(cfg['out_dir'], 'train.json'), 'w') as f:
+        json.dump(out, f, indent=1)
+    for r in rows:  # each row against the fp32 row of its recipe and stage
+        ref = next(q for q in rows if q['recipe'] == r['recipe'] and q['stage'] == r['stage'] and q['kind'] == 'fp32')
+        print(f"| {r['recipe']} | {r['stage']} | {r['kind']} | {r['ms_per_step']:.0f} | {ref['ms_per_step'] / r['ms_per_step']:.2f}x |")
+    return out
+
+
 def main(cfg):
     """Run the mode cfg['mode'] names."""
     if cfg['threads'] > 0:
@@ -592,7 +654,9 @@ def main(cfg):
         return bench_stability(cfg)
     if cfg['mode'] == 'diagnose':
         return bench_diagnose(cfg)
-    raise SystemExit(f"mode must be 'speed', 'stability' or 'diagnose', got {cfg['mode']!r}")
+    if cfg['mode'] == 'train':
+        return bench_train(cfg)
+    raise SystemExit(f"mode must be 'speed', 'stability', 'diagnose' or 'train', got {cfg['mode']!r}")
 
 
 if __name__ == '__main__':

@@ -709,6 +709,32 @@ def test_bench_speed_tiny(tmp_path):
     assert '| tiny | 16 |' in bench.speed_table(out) and '(2+2)' in bench.speed_table(out)
 
 
+def test_bench_train_times_real_optimizer_steps_with_and_without_bf16(tmp_path, monkeypatch):
+    """bench.py --mode=train: every row runs its 2 untimed + train_steps timed optimizer steps of the stage it
+    names (stage 1's loss or stage 2's), under bf16 autocast exactly in the bf16 rows, and writes train.json."""
+    seen = []
+    for name in ('decoder_loss', 'dynamics_loss'):
+        orig = getattr(M, name)
+        def rec(*a, _orig=orig, _name=name, **k):
+            seen.append((_name, torch.is_autocast_enabled('cpu')))
+            return _orig(*a, **k)
+        monkeypatch.setattr(M, name, rec)
+    steps = []
+    orig_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, 'step', lambda self, *a, **k: (steps.append(1), orig_step(self, *a, **k))[1])
+    old = torch.get_num_threads()
+    try:
+        out = bench.main(_bench_cfg(tmp_path, '--mode=train', '--train_steps=1'))
+    finally:
+        torch.set_num_threads(old)
+    assert json.load(open(tmp_path / 'train.json')) == json.loads(json.dumps(out))
+    assert [(r['stage'], r['kind']) for r in out['results']] == [('ae', 'fp32'), ('ae', 'bf16 autocast'), ('dyn', 'fp32'),
+                                                                  ('dyn', 'bf16 autocast')]
+    assert all(r['ms_per_step'] > 0 for r in out['results'])
+    want = [(loss, bf16) for loss in ('decoder_loss', 'dynamics_loss') for bf16 in (False, True) for _ in range(3)]
+    assert seen == want and len(steps) == 12
+
+
 def test_bench_flops_of_a_frame_and_of_the_multi_step_sampler():
     """count_flops counts CPU attention (bench's own mapping for the op torch's counter does not know), and
     the multi-step timing really runs K dynamics passes and K decoder jumps per frame."""
