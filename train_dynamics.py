@@ -53,7 +53,8 @@ dyn_action_map = False  # draw the action as a spot on the latent grid (model.Dy
 all_frames = True  # every frame of a window is a prediction target in one pass (model.dynamics_loss); False: only the last
 ctx_noise = True  # noise the context latents at U{1..ctx_noise_max} in training (the paper's robustness trick)
 ctx_noise_max = 99  # the paper's 99 (noise std ~0.2 of the unit-norm latent); larger asks the net to clean up a
-                    # context further from the data, as its own drifting rollout is (README: "context-noise range")
+                    # context further from the data, as its own drifting rollout is; 300 did not pay at 1600
+                    # iterations, two seeds (README: "A wider context-noise range")
 # options that target the T block (not in the paper; README lever tables): dyn_residual did not pay; own_ctx did
 # not pay from scratch at 7 minutes, but did as a warm start from the long recipe's model; motion_sampling and
 # ema_decay did not pay at 1600 iterations (two seeds each)
