@@ -455,12 +455,35 @@ def dynamics_predict(dyn, x, t, s, a, abar, prev=None):
     """G(x_t, t, 0) for the last frame of the window (its s is always 0: one jump to a finished latent),
     re-normalised to unit channel norm like the encoder's latents. prev (B, C, h, w), given for a residual
     model: the net predicts the change since that latent, so the result is unit_norm(prev + G)."""
-    v = dyn(x, t, s, a)[:, -1]  # (B, C, h, w)
+    v = dyn(x, t, s, a)[:, -1].float()  # (B, C, h, w)
     out = jump(x[:, -1], x0_from_v(x[:, -1], t[:, -1], v, abar), t[:, -1], s[:, -1])
     return unit_norm(out if prev is None else prev + out)
 
 
-def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None, ctx_max=99):
+def new_frame_levels(shape, steps, device):
+    """(t, s) of the new frames in training, each (shape): (999, 0) for the paper's one-jump model (steps 1).
+    steps K > 1 (train_dynamics' dyn_steps; not the paper's default, its "multi-step dynamics sampling"
+    option): a segment of the K-jump path linspace(999, 0, K + 1) drawn uniformly per frame, the pairs the
+    K-jump sampler (predict_next) visits and no others."""
+    if steps == 1:  # no random draw: the default's random streams stay as they were
+        return (torch.full(shape, T_STEPS - 1, dtype=torch.long, device=device),
+                torch.zeros(shape, dtype=torch.long, device=device))
+    path = torch.tensor(sample_schedule(steps), device=device)  # (K+1,)
+    i = torch.randint(0, steps, shape, device='cpu').to(device)
+    return path[i], path[i + 1]
+
+
+def new_frame_loss(x_t, x0_hat, t, s, z, eps, abar):
+    """Uniform MSE of the new frames' jump G(x_t, t, s) (B, C, h, w) against the target x_s drawn from the
+    same eps as x_t (the teacher-free consistency target of stage 1). At s = 0 the target is the true
+    latent z and the prediction is re-normalised to unit channel norm first, as inference does; an
+    intermediate point of the K-jump chain (s > 0) is a noisy latent and is left as it is."""
+    pred = jump(x_t, x0_hat, t, s)
+    pred = torch.where(_bc(s == 0, pred), unit_norm(pred), pred)
+    return ((pred - add_noise(z, s, eps, abar)) ** 2).mean()
+
+
+def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None, ctx_max=99, steps=1):
     """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A+1):
     context frames really noised at U{1..ctx_max} (the paper: 99, noise std ~0.2; or left clean when
     ctx_noise is off), the new frame from pure noise (t = 999 -> s = 0), uniform MSE against the true latent.
@@ -471,51 +494,73 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
     residual: predict the change since the previous context latent (before its training noise: at
     inference the context is not noised, only labelled), as Dynamics(residual=True).
     ctx (B, T, C, h, w): the context frames to show the net instead of z (the model's own rollout, see
-    own_context); the targets stay the true latents z."""
+    own_context); the targets stay the true latents z.
+    steps K > 1: the new frames are trained on the segments of the K-jump path (new_frame_levels) with the
+    teacher-free consistency target (new_frame_loss); K = 1 is the paper's one jump 999 -> 0."""
     B, T = z.shape[:2]
     ctx = z if ctx is None else ctx
+    if residual and steps > 1:
+        raise ValueError("a residual dynamics model (dyn_residual) has only the one-jump chain (dyn_steps=1)")
     if not all_frames:
         t, s = dynamics_levels(B, T, None, z.device, ctx_max=ctx_max)
         if not ctx_noise:
             t[:, :-1], s[:, :-1] = 0, 0
         eps = torch.randn_like(z)
         x = add_noise(ctx.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
+        if steps > 1:
+            t[:, -1], s[:, -1] = new_frame_levels((B,), steps, z.device)
+            xl = add_noise(z[:, -1], t[:, -1], eps[:, -1], abar)  # (B, C, h, w): the new frame at its level
+            x = torch.cat([x.reshape(z.shape)[:, :-1], xl[:, None]], 1)  # (B, T, C, h, w)
+            v = dyn(x, t, s, a)[:, -1].float()  # (B, C, h, w)
+            return new_frame_loss(xl, x0_from_v(xl, t[:, -1], v, abar), t[:, -1], s[:, -1], z[:, -1], eps[:, -1], abar)
         pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar, ctx[:, -2] if residual else None)  # (B, C, h, w)
         return ((pred - z[:, -1]) ** 2).mean()
     n = T - 1
     tc = torch.randint(1, ctx_max + 1, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
-    t = torch.cat([tc, torch.full_like(tc, T_STEPS - 1)], 1)  # (B, 2n): context levels, then the new frames'
-    s = torch.cat([tc, torch.zeros_like(tc)], 1)
+    tn, sn = new_frame_levels((B, n), steps, z.device)  # (B, n) each
+    t = torch.cat([tc, tn], 1)  # (B, 2n): context levels, then the new frames'
+    s = torch.cat([tc, sn], 1)
     zz = torch.cat([ctx[:, :n], z[:, 1:]], 1)  # (B, 2n, C, h, w): context z_0..z_{n-1}, targets z_1..z_n
     eps = torch.randn_like(zz)
     x = add_noise(zz.reshape(B * 2 * n, *z.shape[2:]), t.reshape(-1), eps.reshape(B * 2 * n, *z.shape[2:]), abar)
     x = x.reshape(zz.shape)  # (B, 2n, C, h, w)
-    v = dyn(x, t, s, torch.cat([a[:, :n], a[:, 1:]], 1), queries=True)[:, n:]  # (B, n, C, h, w)
+    v = dyn(x, t, s, torch.cat([a[:, :n], a[:, 1:]], 1), queries=True)[:, n:].float()  # (B, n, C, h, w); fp32 under autocast
     xq = x[:, n:].reshape(B * n, *z.shape[2:])  # (B*n, C, h, w)
     tq, sq = t[:, n:].reshape(-1), s[:, n:].reshape(-1)
-    pred = jump(xq, x0_from_v(xq, tq, v.reshape(xq.shape), abar), tq, sq)  # s = 0: x0_hat, (B*n, C, h, w)
+    x0_hat = x0_from_v(xq, tq, v.reshape(xq.shape), abar)
+    zq = z[:, 1:].reshape(B * n, *z.shape[2:])  # (B*n, C, h, w) the true new latents
+    if steps > 1:
+        return new_frame_loss(xq, x0_hat, tq, sq, zq, eps[:, n:].reshape(xq.shape), abar)
+    pred = jump(xq, x0_hat, tq, sq)  # s = 0: x0_hat, (B*n, C, h, w)
     if residual:  # the change since the previous context latent before its noise (as at inference)
         pred = ctx[:, :n].reshape(B * n, *z.shape[2:]) + pred
     pred = unit_norm(pred)
-    return ((pred - z[:, 1:].reshape(B * n, *z.shape[2:])) ** 2).mean()
+    return ((pred - zq) ** 2).mean()
 
 
 @torch.no_grad()
-def predict_next(dyn, ctx, a, abar, ctx_level=15, generator=None):
+def predict_next(dyn, ctx, a, abar, ctx_level=15, generator=None, steps=1):
     """The sliding-window step: ctx (B, T-1, C, h, w) clean context latents, a (B, T, A+1) the action
     inputs (action_input) attached to the T frames. The context is labelled with the small level
-    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 in one jump (for a residual model
-    the chain runs on the change since the last context latent). Returns the new latent (B, C, h, w).
-    One jump only: training draws the new frame's levels as (t, s) = (999, 0) and nothing else, so a
-    chain of several jumps would ask the net for (t, s) pairs it never saw."""
+    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 (for a residual model the chain
+    runs on the change since the last context latent). Returns the new latent (B, C, h, w).
+    steps: jumps along linspace(999, 0, steps + 1), one dynamics pass each. Use the dyn_steps the
+    model was trained with: a one-jump model (the paper's default) saw (t, s) = (999, 0) and nothing
+    else, so a chain of several jumps would ask it for pairs it never saw."""
     B, Tc = ctx.shape[:2]
     x_new = torch.randn(ctx[:, 0].shape, generator=generator, device='cpu').to(ctx.device)
     t, s = dynamics_levels(B, Tc + 1, ctx_level, ctx.device)  # context at ctx_level, new frame 999 -> 0
+    path = sample_schedule(steps)
+    for t_, s_ in zip(path[:-2], path[1:-1]):  # the intermediate jumps of a K-jump chain (none for K = 1)
+        t[:, -1], s[:, -1] = t_, s_
+        v = dyn(torch.cat([ctx, x_new[:, None]], 1), t, s, a)[:, -1]  # (B, C, h, w)
+        x_new = jump(x_new, x0_from_v(x_new, t[:, -1], v, abar), t[:, -1], s[:, -1])
+    t[:, -1], s[:, -1] = path[-2], 0  # the last jump, to a finished latent
     return dynamics_predict(dyn, torch.cat([ctx, x_new[:, None]], 1), t, s, a, abar, ctx[:, -1] if dyn.residual else None)
 
 
 @torch.no_grad()
-def own_context(dyn, z, a, abar, ctx_level=15):
+def own_context(dyn, z, a, abar, ctx_level=15, steps=1):
     """Training on the model's own rollouts (truncated, no gradient through the rollout): the window
     z (B, T, C, h, w) with frames 1..T-2 replaced by the model's open-loop predictions from frame 0 and
     the window's actions a (B, T, A+1), so the context a training target sees carries the errors
@@ -525,7 +570,7 @@ def own_context(dyn, z, a, abar, ctx_level=15):
     continuing the long recipe's model (README lever tables)."""
     out = z.clone()
     for j in range(1, z.shape[1] - 1):
-        pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level)  # (B, C, h, w)
+        pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level, steps=steps)  # (B, C, h, w)
         out[:, j] = torch.where(_bc(a[:, j, -1] > 0, pred), pred, out[:, j])
     return out
 
@@ -551,10 +596,10 @@ def init_window(z0, window, action_dim):
 
 
 @torch.no_grad()
-def window_step(dyn, ctx, act, a_norm, abar, ctx_level=15, generator=None):
-    """One live step: predict the frame that action a_norm (B, A) produces from the context, then
-    slide the window (drop the oldest latent) so the cost per frame stays constant.
+def window_step(dyn, ctx, act, a_norm, abar, ctx_level=15, generator=None, steps=1):
+    """One live step: predict the frame that action a_norm (B, A) produces from the context (in steps
+    dynamics jumps), then slide the window (drop the oldest latent) so the cost per frame stays constant.
     Returns (new latent (B, C, h, w), new ctx, new act)."""
     a_new = action_input(a_norm, 1)[:, None]  # (B, 1, A+1)
-    z = predict_next(dyn, ctx, torch.cat([act, a_new], 1), abar, ctx_level, generator)
+    z = predict_next(dyn, ctx, torch.cat([act, a_new], 1), abar, ctx_level, generator, steps)
     return z, torch.cat([ctx[:, 1:], z[:, None]], 1), torch.cat([act[:, 1:], a_new], 1)

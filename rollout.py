@@ -35,6 +35,7 @@ num_episodes = 8  # held-out episodes rolled out (the first ones of the checkpoi
 horizon = 192  # predicted steps per episode, open loop from its first frame (19.2 s at 10 Hz)
 window = 0  # 0 = the training window stored in the checkpoint
 ctx_level = 15  # noise level the context latents are labelled with
+dyn_steps = 0  # dynamics jumps per frame; 0 = the dyn_steps the checkpoint was trained with (1: the paper's one jump)
 decode_steps = 3  # decoder jumps per frame
 reencode = False  # feed each shown frame back as a camera frame: its uint8 image re-encoded replaces the predicted
                   # latent in the context (one encoder pass per step; not in the paper; did not pay: README lever tables)
@@ -76,10 +77,13 @@ class Simulator:
     step() is the noisy-context sliding-window sampler: constant cost per frame, for as long as
     actions keep coming. Actions are normalised with the training statistics in the checkpoint."""
 
-    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0, reencode=False):
+    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0, reencode=False, dyn_steps=0):
         self.dyn, self.enc, self.dec, self.stats = dyn, enc, dec, ck['data']['action_stats']
         self.reencode = reencode
         self.W = window or ck['config']['window']
+        self.dyn_steps = dyn_steps or ck['config'].get('dyn_steps', 1)  # 0: as trained (older checkpoints: 1)
+        if not (isinstance(self.dyn_steps, int) and self.dyn_steps >= 1):
+            raise ValueError(f"dyn_steps must be an int >= 1 (0: the checkpoint's own), got {dyn_steps!r}")
         self.level, self.ksteps = ctx_level, decode_steps
         self.dev = next(dyn.parameters()).device
         self.abar = M.sigmoid_alpha_bar().to(self.dev)
@@ -113,7 +117,7 @@ class Simulator:
     @torch.no_grad()
     def step(self, action):
         z, self.ctx, self.act = M.window_step(self.dyn, self.ctx, self.act, self._norm(action), self.abar,
-                                              self.level, self.gen)
+                                              self.level, self.gen, self.dyn_steps)
         frame = M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))  # (N, S, S, 3)
         if self.reencode:  # the context keeps what was shown, encoded as a real frame is: back onto the encoder's latents
             self.ctx[:, -1] = self.enc(M.frames_to_tensor(frame, self.dev))
@@ -193,7 +197,7 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
           f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}"
           f"{', each shown frame re-encoded into the context' if cfg['reencode'] else ''}")
 
-    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'], cfg['reencode'])
+    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'], cfg['reencode'], cfg['dyn_steps'])
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
     acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
     t0 = time.time()
@@ -227,7 +231,7 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
 
     out = {'model': res['model'], 'copy_baseline': res['copy_baseline'], 'fps': fps, 'horizon': H,
            'num_episodes': E, 'data_dir': os.path.abspath(data_dir), 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
-           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W, 'reencode': sim.reencode},
+           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W, 'reencode': sim.reencode, 'dyn_steps': sim.dyn_steps},
            'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev}
     out.update(Mx.fid_fvd(pred, true[:, 1:], cfg['fid_weights'] or None, cfg['fvd_weights'] or None, device=dev))
     print(f"FID: {out['fid_status'] if out['fid'] is None else round(out['fid'], 2)}; "

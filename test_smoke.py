@@ -192,6 +192,119 @@ def test_training_applies_context_noise_when_asked(tmp_path, monkeypatch):
             assert ((lv >= 1) & (lv <= top)).all() and len(lv.unique()) > 2 and (top == 99 or lv.max() > 99), (top, lv)
 
 
+def _record_new_frame_levels(monkeypatch):
+    """Wrap Dynamics.forward to record, per call, (t, s) of the frames being generated (the new frames:
+    the second half of a query layout, the last frame of a plain window) and the network's input x."""
+    calls = []
+    orig = M.Dynamics.forward
+
+    def forward(self, x, t, s, a, queries=False):
+        n = t.shape[1] // 2 if queries else t.shape[1] - 1
+        calls.append((t[:, n:].clone(), s[:, n:].clone(), x[:, n:].clone(), torch.is_autocast_enabled('cpu')))
+        return orig(self, x, t, s, a, queries)
+    monkeypatch.setattr(M.Dynamics, 'forward', forward)
+    return calls
+
+
+@pytest.mark.parametrize('all_frames', [True, False])
+def test_multi_jump_dynamics_trains_the_path_with_consistency_targets(monkeypatch, all_frames):
+    """dyn_steps K = 3: the new frames are trained on the segments of linspace(999, 0, 4) and nothing else,
+    each against x_s drawn from the same eps as its input x_t (re-normalised only at s = 0); K = 1 stays
+    the paper's (999, 0). The expected loss is recomputed here from the recorded input."""
+    _, _, dyn = _tiny_nets()
+    _randomize(dyn)
+    z = M.unit_norm(torch.randn(6, 5, 4, 8, 8), 2)
+    a = M.action_input(torch.randn(6, 5, 2), 1)
+    calls = _record_new_frame_levels(monkeypatch)
+    vs = []
+    dyn.out.register_forward_hook(lambda m, i, o: vs.append(o))
+    torch.manual_seed(0)
+    loss = M.dynamics_loss(dyn, z, a, ABAR, all_frames=all_frames, steps=3)
+    t, s, x, _ = calls[-1]
+    pairs = set(zip(t.flatten().tolist(), s.flatten().tolist()))
+    assert pairs <= {(999, 666), (666, 333), (333, 0)} and (all_frames is False or len(pairs) == 3), pairs
+    zt = z[:, 1:] if all_frames else z[:, -1:]  # (B, n, C, h, w) the true new latents
+    v = vs[-1].reshape(6, -1, 4, 8, 8)[:, -zt.shape[1]:]  # the net's v for the new frames
+    ab = lambda k: torch.where(k > 0, ABAR[k], torch.ones_like(ABAR[k]))[..., None, None, None]
+    eps = (x - ab(t).sqrt() * zt) / (1 - ab(t)).sqrt()  # the noise the loss drew for each new frame
+    x0 = ab(t).sqrt() * x - (1 - ab(t)).sqrt() * v
+    r = (s.float() / t.float())[..., None, None, None]
+    pred = r * x + (1 - r) * x0
+    pred = torch.where((s == 0)[..., None, None, None], M.unit_norm(pred, 2), pred)
+    target = ab(s).sqrt() * zt + (1 - ab(s)).sqrt() * eps
+    assert torch.allclose(loss, ((pred - target) ** 2).mean(), rtol=1e-4), (loss, ((pred - target) ** 2).mean())
+    M.dynamics_loss(dyn, z, a, ABAR, all_frames=all_frames)  # K = 1: the one jump only
+    assert (calls[-1][0] == 999).all() and (calls[-1][1] == 0).all()
+    with pytest.raises(ValueError, match='residual'):
+        M.dynamics_loss(dyn, z, a, ABAR, residual=True, steps=3)
+
+
+def test_multi_jump_sampler_walks_the_path_and_the_trainer_and_simulator_use_it(tmp_path, monkeypatch):
+    """predict_next with steps K makes K dynamics passes along linspace(999, 0, K + 1) (one (999, 0) pass
+    for K = 1), the context labelled at ctx_level throughout, each pass starting from the previous jump.
+    Through train_dynamics (in-process): --dyn_steps=3 trains path segments only, is saved in the
+    checkpoint, and a Simulator built from it takes 3 passes per frame unless told otherwise."""
+    import runpy
+    _, _, dyn = _tiny_nets()
+    _randomize(dyn)
+    calls = _record_new_frame_levels(monkeypatch)
+    ctx = M.unit_norm(torch.randn(2, 3, 4, 8, 8), 2)
+    a = M.action_input(torch.randn(2, 4, 2), 1)
+    for K, path in ((1, [(999, 0)]), (3, [(999, 666), (666, 333), (333, 0)])):
+        calls.clear()
+        out = M.predict_next(dyn, ctx, a, ABAR, 15, torch.Generator().manual_seed(0), steps=K)
+        assert [(int(t[0, 0]), int(s[0, 0])) for t, s, _, _ in calls] == path
+        assert torch.allclose(out.norm(dim=1), torch.ones(2, 8, 8), atol=1e-4)
+    assert not torch.allclose(calls[0][2], calls[1][2])  # the second pass sees the first jump's result
+    d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
+    calls.clear()
+    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o',
+                                      '--max_iters=2', '--eval_interval=100', '--dyn_steps=3'] + _DDP_DYN)
+    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    train = [c for c in calls if c[0].shape[0] == 4 and c[0].shape[1] > 1]  # batch 4, query layout: training forwards
+    pairs = set(zip(torch.cat([c[0].flatten() for c in train]).tolist(), torch.cat([c[1].flatten() for c in train]).tolist()))
+    assert len(train) == 2 and pairs <= {(999, 666), (666, 333), (333, 0)} and len(pairs) > 1, pairs
+    ck = common.load_checkpoint(f'{tmp_path}/o/ckpt.pt')
+    assert ck['config']['dyn_steps'] == 3
+    dyn2, enc, dec, ck = rollout.load_world_model(f'{tmp_path}/o/ckpt.pt', 'cpu')
+    for knob, passes in ((0, 3), (1, 1)):
+        sim = rollout.Simulator(dyn2, enc, dec, ck, dyn_steps=knob)
+        sim.reset(np.zeros((1, 32, 32, 3), np.uint8))
+        calls.clear()
+        sim.step(np.array([[100.0, 200.0]]))
+        assert len(calls) == passes, (knob, len(calls))
+    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/r',
+                                      '--max_iters=1', '--dyn_steps=3', '--dyn_residual=True'] + _DDP_DYN)
+    with pytest.raises(SystemExit, match='dyn_steps'):
+        runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+
+
+def test_amp_choice_and_the_trainer_really_autocasts(tmp_path, monkeypatch):
+    """common.choose_bf16: 'fp32' never, 'bf16' always, 'auto' on a CPU only when the probe's bf16 step is
+    >= 1.3x faster (fake steps that sleep); anything else is an error. Through train_dynamics: --amp=bf16
+    runs the training forwards (not the validation rollout) under autocast and says so in the checkpoint;
+    the default fp32 does not autocast at all."""
+    import runpy
+    slow = lambda factor: (lambda on: time.sleep(0.02 * (factor if on else 1)))
+    assert common.choose_bf16('fp32', 'cpu', None)[0] is False and common.choose_bf16('bf16', 'cpu', None)[0] is True
+    assert common.choose_bf16('auto', 'cpu', slow(0.25))[0] is True
+    assert common.choose_bf16('auto', 'cpu', slow(3.0))[0] is False
+    with pytest.raises(SystemExit, match='amp'):
+        common.choose_bf16('fp16', 'cpu', None)
+    d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
+    calls = _record_new_frame_levels(monkeypatch)
+    for amp in ('bf16', 'fp32'):
+        calls.clear()
+        monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/{amp}',
+                                          '--max_iters=2', '--eval_interval=2', f'--amp={amp}'] + _DDP_DYN)
+        runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+        train = [c[3] for c in calls if c[0].shape[0] == 4]  # batch 4: training; validation rolls out 1 episode
+        val = [c[3] for c in calls if c[0].shape[0] == 1]
+        assert len(train) == 2 and len(val) == 4 and not any(val), (len(train), len(val))
+        assert all(train) == (amp == 'bf16') and any(train) == (amp == 'bf16')
+        assert common.load_checkpoint(f'{tmp_path}/{amp}/ckpt.pt')['amp'] == amp
+
+
 def test_make_windows_attaches_the_action_that_produced_each_frame():
     """Alignment (data.py's format): action[i] is issued after frame[i] and produces frame[i+1], so a
     window's frame p carries a_{p-1}; at an episode's start the first frame is repeated with 'no action',

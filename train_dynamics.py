@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data as D
 import model as M
-from common import (all_gather, check_compatible, check_finite_weights, check_out_dir, checkpoint_bytes,
+from common import (autocast, choose_bf16, all_gather, check_compatible, check_finite_weights, check_out_dir, checkpoint_bytes,
                     config_from_globals, ddp_cleanup, ddp_setup, ddp_sync, keep_copy, load_autoencoder,
                     load_checkpoint, rng_state, save_checkpoint, save_grid, seed_streams, set_rng_state)
 
@@ -59,6 +59,9 @@ ctx_noise_max = 99  # the paper's 99 (noise std ~0.2 of the unit-norm latent); l
 # not pay from scratch at 7 minutes, but did as a warm start from the long recipe's model; motion_sampling and
 # ema_decay did not pay at 1600 iterations (two seeds each)
 dyn_residual = False  # predict the change of the latent since the previous frame (model.Dynamics)
+dyn_steps = 1  # jumps of the new frame 999 -> 0: 1 is the paper's one jump (trained on (999, 0) only); K > 1 trains
+               # the K-jump path's segments with consistency targets (model.new_frame_levels) and rolls out in K
+               # dynamics passes per frame (K x the dynamics cost). Not in any recipe; README lever table
 own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context), ~+30% per iter at 0.5
 ema_decay = 0.0  # 0 = off; else keep an exponential moving average of the weights (decay per iter, warmed up as
                  # min(decay, (1+it)/(10+it))), used for validation and saved as 'model_ema', which rollouts then load
@@ -88,6 +91,8 @@ sample_seed = 'stream'
 debug_nan_at_iter = -1  # test hook: a NaN in rank 0's loss at the step logged as this iter
 device = 'auto'
 compile = False
+amp = 'fp32'  # 'fp32' (the reference, every recipe's numbers), 'bf16' (autocast around the loss), or 'auto': bf16 on
+              # CUDA, and on a CPU only if a start-up probe of this model's step says it pays (common.choose_bf16)
 # ------------------------------------------------------------------------------------
 config = config_from_globals(globals())
 globals().update(config)
@@ -115,13 +120,13 @@ def encode_dataset(enc, frames, dev, cache_path, fp, bs=256):
 
 
 @torch.no_grad()
-def latent_rollout(dyn, z_true, a_norm, abar, W, level, gen=None):
+def latent_rollout(dyn, z_true, a_norm, abar, W, level, gen=None, steps=1):
     """Open-loop from the first latent of each sequence with recorded actions.
     z_true (B, H+1, C, h, w), a_norm (B, H, A) -> predicted latents (B, H, C, h, w)."""
     ctx, act = M.init_window(z_true[:, 0], W, a_norm.shape[-1])
     preds = []
     for k in range(a_norm.shape[1]):
-        z, ctx, act = M.window_step(dyn, ctx, act, a_norm[:, k], abar, level, gen)
+        z, ctx, act = M.window_step(dyn, ctx, act, a_norm[:, k], abar, level, gen, steps)
         preds.append(z)
     return torch.stack(preds, 1)
 
@@ -136,6 +141,9 @@ def main():
         raise SystemExit(f"motion_sampling must be >= 0 (0 draws windows uniformly), got {motion_sampling}")
     if not 1 <= ctx_noise_max < M.T_STEPS - 1:
         raise SystemExit(f"ctx_noise_max must be in 1..{M.T_STEPS - 2} (context levels are drawn from U{{1..ctx_noise_max}}), got {ctx_noise_max}")
+    if not (isinstance(dyn_steps, int) and 1 <= dyn_steps <= 50) or (dyn_steps > 1 and dyn_residual):
+        raise SystemExit(f"dyn_steps must be an int in 1..50 (jumps of the new frame), and 1 for a residual model "
+                         f"(dyn_residual); got dyn_steps={dyn_steps!r}, dyn_residual={dyn_residual}")
     if not 0 <= ema_decay < 1:
         raise SystemExit(f"ema_decay must be in [0, 1) (0 = no moving average), got {ema_decay}")
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
@@ -250,7 +258,18 @@ def main():
         dyn_run = DDP(dyn_run, device_ids=[local_rank] if dev.startswith('cuda') else None)
         print(f"rank {rank}/{world}: device {dev}, {grad_accum} micro-batch(es) of {batch_size} per step", flush=True)
     n_micro = grad_accum * world
+
+    def probe_step(on):  # one forward + backward of a real batch (fixed windows; gradients cleared after)
+        pick = np.random.default_rng(0).integers(0, len(tgt), batch_size)
+        fidx, act = D.make_windows(tgt[pick], tgt_start[pick], window, a_norm_np)
+        with autocast(dev, on):
+            loss = M.dynamics_loss(dyn, z_all[torch.from_numpy(fidx)].to(dev), torch.from_numpy(act).to(dev), abar,
+                                   ctx_noise, all_frames, dyn_residual, None, ctx_noise_max, dyn_steps)
+        loss.backward()
+        dyn.zero_grad(set_to_none=True)
+    use_bf16, amp_msg = choose_bf16(amp, dev, probe_step)
     if master:
+        print(amp_msg)
         print(f"dynamics {sum(p.numel() for p in dyn.parameters())/1e6:.3f}M params, window {window}, device {dev}, "
               f"world {world}, global batch {batch_size * n_micro} ({batch_size} x {grad_accum} accum x {world} ranks)")
 
@@ -270,7 +289,7 @@ def main():
         check_finite_weights([dyn], it, ckpt_path)
         save_checkpoint({
             'kind': 'dynamics', 'model': dyn.state_dict(), 'optimizer': opt.state_dict(), 'iter': it,
-            'best_val': best, 'val_latent_mse': val, 'config': run_cfg,
+            'best_val': best, 'val_latent_mse': val, 'config': run_cfg, 'amp': 'bf16' if use_bf16 else 'fp32',
             **({'model_ema': ema.state_dict()} if ema is not None else {}),
             'ae_ckpt': os.path.abspath(ae_ckpt), 'encoder_fingerprint': fp,
             'latent_shape': list(z_all.shape[1:]), 'action_dim': A, 'action_map': amap,
@@ -300,10 +319,11 @@ def main():
                 own = torch.from_numpy(np_rng.random(batch_size) < own_ctx).to(dev)  # (B,)
                 if own.any():
                     ctx = z.clone()
-                    ctx[own] = M.own_context(dyn, z[own], act[own], abar, ctx_level)
+                    ctx[own] = M.own_context(dyn, z[own], act[own], abar, ctx_level, dyn_steps)
             # DDP reduces gradients only on the last micro-step; forward and backward both inside
             with ddp_sync([dyn_run], micro == grad_accum - 1):
-                loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx, ctx_noise_max)
+                with autocast(dev, use_bf16):  # (amp: fp32 unless asked; the loss itself is computed in fp32)
+                    loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx, ctx_noise_max, dyn_steps)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
                 # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
@@ -339,7 +359,7 @@ def main():
             dyn.eval()
             net = ema if ema is not None else dyn  # validate the weights a rollout will load
             g = torch.Generator().manual_seed(0)
-            pred = latent_rollout(net, vz, va, abar, window, ctx_level, g)
+            pred = latent_rollout(net, vz, va, abar, window, ctx_level, g, dyn_steps)
             err = ((pred - vz[:, 1:]) ** 2).mean().item()
             copy = ((vz[:, :1] - vz[:, 1:]) ** 2).mean().item()
             improved, best, last_val = err < best, min(best, err), err
