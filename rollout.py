@@ -193,7 +193,8 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
     if not val_ids:
         raise SystemExit(f"no {'held-out ' if own_data else ''}episode of {data_dir!r} is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
-    print(f"rolling out {len(eps)} {'held-out' if own_data else 'test-set'} episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, decoder "
+    print(f"rolling out {len(eps)} {'held-out' if own_data else 'test-set'} episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, "
+          f"dynamics jumps {cfg['dyn_steps'] or ck['config'].get('dyn_steps', 1)}, decoder "
           f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}"
           f"{', each shown frame re-encoded into the context' if cfg['reencode'] else ''}")
 
