@@ -65,6 +65,8 @@ dyn_steps = 1  # jumps of the new frame 999 -> 0: 1 is the paper's one jump (tra
 own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop rollout (model.own_context), ~+30% per iter at 0.5
 ema_decay = 0.0  # 0 = off; else keep an exponential moving average of the weights (decay per iter, warmed up as
                  # min(decay, (1+it)/(10+it))), used for validation and saved as 'model_ema', which rollouts then load
+change_weight = 0.0  # weight each latent position of the loss by 1 + this x (its true change / the mean): the moving T and
+                     # agent count more, the static table less (model.change_weighted_mse); 0 = the paper's uniform MSE
 motion_sampling = 0.0  # draw windows with p ~ 1 + this x (their latent change / the mean): more of the steps where things move (data.motion_probs)
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
@@ -139,6 +141,9 @@ def main():
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
     if not motion_sampling >= 0:
         raise SystemExit(f"motion_sampling must be >= 0 (0 draws windows uniformly), got {motion_sampling}")
+    if not change_weight >= 0 or (change_weight > 0 and dyn_steps > 1):
+        raise SystemExit(f"change_weight must be >= 0 (0 is the uniform loss) and needs dyn_steps=1, got {change_weight} "
+                         f"with dyn_steps={dyn_steps}")
     if not 1 <= ctx_noise_max < M.T_STEPS - 1:
         raise SystemExit(f"ctx_noise_max must be in 1..{M.T_STEPS - 2} (context levels are drawn from U{{1..ctx_noise_max}}), got {ctx_noise_max}")
     if not (isinstance(dyn_steps, int) and 1 <= dyn_steps <= 50) or (dyn_steps > 1 and dyn_residual):
@@ -264,7 +269,7 @@ def main():
         fidx, act = D.make_windows(tgt[pick], tgt_start[pick], window, a_norm_np)
         with autocast(dev, on):
             loss = M.dynamics_loss(dyn, z_all[torch.from_numpy(fidx)].to(dev), torch.from_numpy(act).to(dev), abar,
-                                   ctx_noise, all_frames, dyn_residual, None, ctx_noise_max, dyn_steps)
+                                   ctx_noise, all_frames, dyn_residual, None, ctx_noise_max, dyn_steps, change_weight)
         loss.backward()
         dyn.zero_grad(set_to_none=True)
     use_bf16, amp_msg = choose_bf16(amp, dev, probe_step)
@@ -323,7 +328,8 @@ def main():
             # DDP reduces gradients only on the last micro-step; forward and backward both inside
             with ddp_sync([dyn_run], micro == grad_accum - 1):
                 with autocast(dev, use_bf16):  # (amp: fp32 unless asked; the loss itself is computed in fp32)
-                    loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx, ctx_noise_max, dyn_steps)
+                    loss = M.dynamics_loss(dyn_run, z, act, abar, ctx_noise, all_frames, dyn_residual, ctx, ctx_noise_max, dyn_steps,
+                                           change_weight)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
                 # a NaN still runs backward: every rank must join the all-reduce; the step is refused below
