@@ -483,18 +483,20 @@ def new_frame_loss(x_t, x0_hat, t, s, z, eps, abar):
     return ((pred - add_noise(z, s, eps, abar)) ** 2).mean()
 
 
-def change_weighted_mse(pred, target, prev, weight):
-    """MSE of pred against target (N, C, h, w), each latent position weighted by how much the true latent
-    changed there since the previous frame prev (not in the paper; README lever table):
-        w = 1 + weight * d / mean(d),  d = mean_C (target - prev)^2  (N, 1, h, w), mean over the batch,
-    and the loss is sum(w * err) / sum(w), so weight = 0 is the plain uniform MSE. Why: the T block fills
-    a few of the 256 latent positions and moves in a third of the steps; a uniform MSE spends most of its
-    signal on the static table."""
+def change_weighted_mse(pred, target, moved, weight):
+    """MSE of pred against target (N, C, h, w), each latent position weighted by how much the context's last
+    frame had just changed there, moved (N, C, h, w) = z_k - z_{k-1} for the target z_{k+1} (not in the paper;
+    README lever table):
+        w = 1 + weight * d / mean(d),  d = mean_C moved^2  (N, 1, h, w), mean over the batch,
+    and the loss is sum(w * err) / sum(w), so weight = 0 is the plain uniform MSE. Why: the T block fills a
+    few of the 256 latent positions; where things were moving, they go on moving. The weights read only the
+    context: weights that read the target's own change (commit f96402b) make the weighted-MSE minimiser
+    E[w z | context] / E[w | context] over-predict change, and its rollouts drifted (README)."""
     err = (pred - target) ** 2  # (N, C, h, w)
     if weight == 0:
         return err.mean()
-    d = ((target - prev) ** 2).mean(1, keepdim=True)  # (N, 1, h, w)
-    w = 1 + weight * d / d.mean().clamp(min=1e-12)  # (N, 1, h, w); the true latents carry no gradient
+    d = (moved ** 2).mean(1, keepdim=True)  # (N, 1, h, w)
+    w = 1 + weight * d / d.mean().clamp(min=1e-12)  # (N, 1, h, w); no gradient flows into the weights
     return (w * err).mean() / w.mean()
 
 
@@ -513,8 +515,8 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
     own_context); the targets stay the true latents z.
     steps K > 1: the new frames are trained on the segments of the K-jump path (new_frame_levels) with the
     teacher-free consistency target (new_frame_loss); K = 1 is the paper's one jump 999 -> 0.
-    change_weight > 0: the one-jump MSE weights each latent position by how much the true latent moved there
-    (change_weighted_mse); 0 is the paper's uniform MSE."""
+    change_weight > 0: the one-jump MSE weights each latent position by how much the last context frame had
+    just moved there (change_weighted_mse); 0 is the paper's uniform MSE."""
     B, T = z.shape[:2]
     if change_weight and steps > 1:
         raise ValueError("change_weight weights the one-jump loss (dyn_steps=1); the K-jump loss is uniform")
@@ -534,7 +536,8 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
             v = dyn(x, t, s, a)[:, -1].float()  # (B, C, h, w)
             return new_frame_loss(xl, x0_from_v(xl, t[:, -1], v, abar), t[:, -1], s[:, -1], z[:, -1], eps[:, -1], abar)
         pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar, ctx[:, -2] if residual else None)  # (B, C, h, w)
-        return change_weighted_mse(pred, z[:, -1], z[:, -2], change_weight)
+        moved = z[:, -2] - z[:, -3] if T > 2 else torch.zeros_like(z[:, -1])  # (B, C, h, w): the context's last change
+        return change_weighted_mse(pred, z[:, -1], moved, change_weight)
     n = T - 1
     tc = torch.randint(1, ctx_max + 1, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
     tn, sn = new_frame_levels((B, n), steps, z.device)  # (B, n) each
@@ -555,7 +558,9 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
     if residual:  # the change since the previous context latent before its noise (as at inference)
         pred = ctx[:, :n].reshape(B * n, *z.shape[2:]) + pred
     pred = unit_norm(pred)
-    return change_weighted_mse(pred, zq, z[:, :n].reshape(zq.shape), change_weight)  # z[:, :n]: (B*n, C, h, w), the true previous latents
+    # the change into each target's last context frame z_k - z_{k-1}; none before the window's first frame
+    moved = torch.cat([torch.zeros_like(z[:, :1]), z[:, 1:n] - z[:, :n - 1]], 1)  # (B, n, C, h, w)
+    return change_weighted_mse(pred, zq, moved.reshape(zq.shape), change_weight)
 
 
 @torch.no_grad()

@@ -343,24 +343,25 @@ def test_motion_probs_favour_moving_windows_and_stay_inside_the_episode():
 
 
 def test_change_weighted_loss_counts_the_moving_positions_more(tmp_path, monkeypatch):
-    """model.change_weighted_mse: weight 0 is the plain MSE; with a weight, an error where the true latent moved
-    costs more than the same error on the static table, by the formula w = 1 + weight * d / mean(d).
-    dynamics_loss uses it (both layouts) and refuses it with K jumps; train_dynamics passes --change_weight
-    through to it and rejects a negative one."""
+    """model.change_weighted_mse: weight 0 is the plain MSE; with a weight, an error where the context had just
+    moved costs more than the same error on the static table, by the formula w = 1 + weight * d / mean(d).
+    dynamics_loss hands it each target's context change z_k - z_{k-1} (never the target's own change; none
+    before a window's first frame), in both layouts, and refuses it with K jumps; train_dynamics passes
+    --change_weight through to it and rejects a negative one."""
     import runpy
-    prev = M.unit_norm(torch.randn(2, 4, 4, 4))
-    target = prev.clone()
-    target[:, :, 1, 2] = -prev[:, :, 1, 2]  # one position moves per sample
+    target = M.unit_norm(torch.randn(2, 4, 4, 4))
+    moved = torch.zeros_like(target)
+    moved[:, :, 1, 2] = 1.0  # one position had just moved, per sample
     pred_m, pred_s = target.clone(), target.clone()
     pred_m[:, 0, 1, 2] += 1.0  # the same error, once where it moved, once on the table
     pred_s[:, 0, 3, 3] += 1.0
     for pred in (pred_m, pred_s):
-        assert torch.equal(M.change_weighted_mse(pred, target, prev, 0.0), ((pred - target) ** 2).mean())
-    d = ((target - prev) ** 2).mean(1, keepdim=True)
+        assert torch.equal(M.change_weighted_mse(pred, target, moved, 0.0), ((pred - target) ** 2).mean())
+    d = (moved ** 2).mean(1, keepdim=True)
     w = 1 + 3.0 * d / d.mean()
-    assert torch.allclose(M.change_weighted_mse(pred_m, target, prev, 3.0), (w * (pred_m - target) ** 2).mean() / w.mean())
-    assert M.change_weighted_mse(pred_m, target, prev, 3.0) > 10 * M.change_weighted_mse(pred_s, target, prev, 3.0)
-    assert torch.allclose(M.change_weighted_mse(pred_m, target, prev, 0.0), M.change_weighted_mse(pred_s, target, prev, 0.0))
+    assert torch.allclose(M.change_weighted_mse(pred_m, target, moved, 3.0), (w * (pred_m - target) ** 2).mean() / w.mean())
+    assert M.change_weighted_mse(pred_m, target, moved, 3.0) > 10 * M.change_weighted_mse(pred_s, target, moved, 3.0)
+    assert torch.allclose(M.change_weighted_mse(pred_m, target, moved, 0.0), M.change_weighted_mse(pred_s, target, moved, 0.0))
     _, _, dyn = _tiny_nets()
     z = M.unit_norm(torch.randn(3, 5, 4, 8, 8), 2)
     a = M.action_input(torch.randn(3, 5, 2), 1)
@@ -374,8 +375,10 @@ def test_change_weighted_loss_counts_the_moving_positions_more(tmp_path, monkeyp
         weighted = M.dynamics_loss(dyn, z, a, ABAR, all_frames=all_frames, change_weight=2.0)
         t, q, wt = seen[-1]
         assert wt == 2.0 and torch.isfinite(weighted) and not torch.allclose(plain, weighted)
-        want_t, want_q = (z[:, 1:], z[:, :-1]) if all_frames else (z[:, -1:], z[:, -2:-1])  # targets, their previous frames
-        assert torch.equal(t, want_t.reshape(t.shape)) and torch.equal(q, want_q.reshape(q.shape))
+        # targets z_{k+1}, and the change into their last context frame z_k - z_{k-1} (zero for k = 0)
+        dz = torch.cat([torch.zeros_like(z[:, :1]), z[:, 1:] - z[:, :-1]], 1)  # (B, T, C, h, w)
+        want_t, want_q = (z[:, 1:], dz[:, :-1]) if all_frames else (z[:, -1:], dz[:, -2:-1])
+        assert torch.equal(t, want_t.reshape(t.shape)) and torch.allclose(q, want_q.reshape(q.shape))
     with pytest.raises(ValueError, match='change_weight'):
         M.dynamics_loss(dyn, z, a, ABAR, steps=3, change_weight=1.0)
     d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
