@@ -490,8 +490,8 @@ def change_weighted_mse(pred, target, moved, weight):
         w = 1 + weight * d / mean(d),  d = mean_C moved^2  (N, 1, h, w), mean over the batch,
     and the loss is sum(w * err) / sum(w), so weight = 0 is the plain uniform MSE. Why: the T block fills a
     few of the 256 latent positions; where things were moving, they go on moving. The weights read only the
-    context: weights that read the target's own change (commit f96402b) make the weighted-MSE minimiser
-    E[w z | context] / E[w | context] over-predict change, and its rollouts drifted (README)."""
+    context, since weights that read the target's own change (commit f96402b) bias the weighted-MSE minimiser
+    E[w z | context] / E[w | context] toward change. Neither version paid: both rollouts drift (README)."""
     err = (pred - target) ** 2  # (N, C, h, w)
     if weight == 0:
         return err.mean()

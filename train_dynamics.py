@@ -66,7 +66,8 @@ own_ctx = 0.0  # fraction of windows whose context is the model's own open-loop 
 ema_decay = 0.0  # 0 = off; else keep an exponential moving average of the weights (decay per iter, warmed up as
                  # min(decay, (1+it)/(10+it))), used for validation and saved as 'model_ema', which rollouts then load
 change_weight = 0.0  # weight each latent position of the loss by 1 + this x (the context's last change there / the mean):
-                     # where the T and agent were moving counts more (model.change_weighted_mse); 0 = the paper's uniform MSE
+                     # where the T and agent were moving counts more (model.change_weighted_mse); 0 = the paper's uniform MSE.
+                     # Did not pay at 1600 iterations, two seeds: the rollouts drift (README "Weighting the loss...")
 motion_sampling = 0.0  # draw windows with p ~ 1 + this x (their latent change / the mean): more of the steps where things move (data.motion_probs)
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
