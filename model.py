@@ -536,7 +536,7 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
             v = dyn(x, t, s, a)[:, -1].float()  # (B, C, h, w)
             return new_frame_loss(xl, x0_from_v(xl, t[:, -1], v, abar), t[:, -1], s[:, -1], z[:, -1], eps[:, -1], abar)
         pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar, ctx[:, -2] if residual else None)  # (B, C, h, w)
-        moved = z[:, -2] - z[:, -3] if T > 2 else torch.zeros_like(z[:, -1])  # (B, C, h, w): the context's last change
+        moved = (z[:, -2] - z[:, -3] if T > 2 else torch.zeros_like(z[:, -1])) if change_weight else None  # (B, C, h, w): the context's last change
         return change_weighted_mse(pred, z[:, -1], moved, change_weight)
     n = T - 1
     tc = torch.randint(1, ctx_max + 1, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
@@ -559,6 +559,8 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
         pred = ctx[:, :n].reshape(B * n, *z.shape[2:]) + pred
     pred = unit_norm(pred)
     # the change into each target's last context frame z_k - z_{k-1}; none before the window's first frame
+    if not change_weight:  # the paper's uniform MSE
+        return ((pred - zq) ** 2).mean()
     moved = torch.cat([torch.zeros_like(z[:, :1]), z[:, 1:n] - z[:, :n - 1]], 1)  # (B, n, C, h, w)
     return change_weighted_mse(pred, zq, moved.reshape(zq.shape), change_weight)
 
