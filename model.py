@@ -558,11 +558,10 @@ def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=Fal
     if residual:  # the change since the previous context latent before its noise (as at inference)
         pred = ctx[:, :n].reshape(B * n, *z.shape[2:]) + pred
     pred = unit_norm(pred)
-    # the change into each target's last context frame z_k - z_{k-1}; none before the window's first frame
-    if not change_weight:  # the paper's uniform MSE
-        return ((pred - zq) ** 2).mean()
-    moved = torch.cat([torch.zeros_like(z[:, :1]), z[:, 1:n] - z[:, :n - 1]], 1)  # (B, n, C, h, w)
-    return change_weighted_mse(pred, zq, moved.reshape(zq.shape), change_weight)
+    moved = None  # only built when the loss is weighted: the change into each target's last context frame
+    if change_weight:  # z_k - z_{k-1}; none before the window's first frame
+        moved = torch.cat([torch.zeros_like(z[:, :1]), z[:, 1:n] - z[:, :n - 1]], 1).reshape(zq.shape)  # (B*n, C, h, w)
+    return change_weighted_mse(pred, zq, moved, change_weight)
 
 
 @torch.no_grad()
