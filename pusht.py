@@ -5,6 +5,7 @@ Everything that knows Push-T (gym-pusht, Chi et al. 2023) is here; the core scri
     python pusht.py --mode=eval --ckpt=out/dyn/ckpt.pt --num_episodes=16 --horizon=192 --out_dir=out/eval
     python pusht.py --mode=policy_eval --ckpt=out/dyn/ckpt.pt --num_states=20 --steps=60 --out_dir=out/policy_eval
     python pusht.py --mode=record_demos --ckpt=out/dyn/ckpt.pt --num_episodes=8 --steps=60 --record_dir=out/demos
+    python pusht.py --mode=replay --ckpt=out/dyn/ckpt.pt --num_episodes=16 --horizon=192 --out_dir=out/replay
 
 What it holds, top to bottom (one copy of each idea):
 - the T: its geometry (TEE_RECTS, TEE_CENTROID, GOAL_POSE, SIM_SIZE), THE pose convention, body <->
@@ -23,7 +24,8 @@ What it holds, top to bottom (one copy of each idea):
   policies from the same start states in gym-pusht and inside the world model, scored on goal
   coverage read from the frames (policy_eval);
 - demos recorded inside the model (record_demos), the open-loop evaluation with the physics scores
-  added (evaluate = rollout.main with physics as its extra score), and the command line.
+  added (evaluate = rollout.main with physics as its extra score), the same evaluation of gym-pusht
+  itself started slightly off (replay: what physics alone loses over a long open loop), and the command line.
 
 Everything a policy sees and everything that is scored is read from frames, in the real simulator
 and in the model alike.
@@ -53,13 +55,14 @@ from common import config_from_globals, load_checkpoint, pick_device, save_grid
 # (world) units, 0..SIM_SIZE, and the body angle in radians; it is what gym-pusht reports as
 # env.block.position / env.block.angle and what states.npy holds. The body origin is the middle of the
 # bar's outer edge, NOT the centroid: the area centroid is at TEE_CENTROID = (0, 40.71) in the body
-# frame (pymunk's centre of gravity, (0, 45), the mean of the two shapes' centroids, is not it either;
-# nothing here uses it). world = (x, y) + R(angle) local, R(a) = [[cos a, -sin a], [sin a, cos a]]; no
+# frame (pymunk's centre of gravity, PYMUNK_COG = (0, 45), the mean of the two shapes' centroids, is not it
+# either; only replay_start uses it). world = (x, y) + R(angle) local, R(a) = [[cos a, -sin a], [sin a, cos a]]; no
 # y flip anywhere: a frame pixel is world * S / SIM_SIZE, pixel (row r, col c) covering [c, c+1) x
 # [r, r+1). Angles are reported in [0, 2 pi) (states.npy's convention); differences go through
 # angle_diff. The goal is the same T drawn LightGreen at the fixed pose GOAL_POSE.
 TEE_RECTS = ((-60.0, 60.0, 0.0, 30.0), (-15.0, 15.0, 30.0, 120.0))  # (x0, x1, y0, y1): bar, stem
 TEE_CENTROID = (0.0, (3600 * 15 + 2700 * 75) / 6300)  # (0, 40.714): the area centroid, body frame
+PYMUNK_COG = (0.0, 45.0)  # pymunk's centre of gravity of the T, body frame (setting the angle turns about it)
 TEE_REACH = 80.7  # farthest points of the T from its centroid (the stem's outer corners), sim units
 CONTACTS = ((55.0, 15.0), (-55.0, 15.0), (0.0, 110.0))  # body frame: near the bar's two ends, the stem's end
 GOAL_POSE = (256.0, 256.0, math.pi / 4)
@@ -958,9 +961,114 @@ def record_demos(cfg):
           f"wrote {cfg['record_dir']}")
 
 
+def replay_start(env, state, d_px=0.0, d_deg=0.0, S=64):
+    """Reset env to a recorded first state (states.npy's 5 numbers, everything at rest), with the T's centroid
+    moved by d_px = (dx, dy) frame pixels of an S x S frame and the T turned by d_deg degrees about its
+    centroid; returns the first frame (S, S, 3). With no offset the episode replays bit for bit.
+
+    Why not reset_to_state(state): gym-pusht sets the T's position and then its angle, and pymunk's angle
+    setter keeps the centre of gravity (PYMUNK_COG in the body frame) in place, so the body origin ends up to
+    ~90 sim units from the one asked for, and states.npy holds where it ended. So we ask for the position
+    that the angle setter then moves to the recorded one: p = origin - cog + R(angle) cog. Teleporting the
+    T after the reset instead is not exact: the reset's physics step has then run with the T elsewhere."""
+    state = np.asarray(state, np.float64)
+    d = np.broadcast_to(np.asarray(d_px, np.float64), (2,)) * SIM_SIZE / S  # pixels -> sim units
+    a = state[4] + math.radians(d_deg)
+    o = tee_centroid(state[2:5]) + d - body_to_world((0.0, 0.0, a), TEE_CENTROID)  # origin = centroid - R(a) TEE_CENTROID
+    p = o - np.asarray(PYMUNK_COG) + body_to_world((0.0, 0.0, a), PYMUNK_COG)
+    obs, _ = env.reset(options={'reset_to_state': [float(state[0]), float(state[1]), float(p[0]), float(p[1]), float(a)]})
+    return obs
+
+
+def replay(cfg):
+    """The perfect simulator's score on the open-loop evaluation: gym-pusht itself replays the recorded actions
+    of the same held-out episodes as --mode=eval (the checkpoint's split, the first num_episodes longer than
+    horizon) from a first state that is slightly off (the T moved by PX pixels in a random direction and
+    turned by DEG degrees either way, for each PX:DEG of replay_offsets), scored by physics() against the
+    recorded frames. It says what the task's own sensitivity to the start costs an open-loop score: how far
+    physics itself drifts from the recording when it starts a fraction of a pixel off, as a model starts
+    from its reading of the first frame. The row 0:0 checks the replay (it matches the recording up to the
+    float32 rounding of states.npy).
+
+    replay_policies: the same for policy_eval's ranking. policy_eval's policies and start states run in
+    gym-pusht, and again in gym-pusht with each start's T off by PX:DEG (one draw per start state, the same
+    for every policy), standing in for the world model: Pearson and Spearman across policies and the largest
+    |difference| of a policy's mean final coverage, the numbers policy_eval reports for a model."""
+    ck = load_checkpoint(cfg['ckpt'], expect_kind='dynamics')
+    _require_pusht(ck)
+    data_dir = cfg['data_dir'] or ck['data']['data_dir']
+    ds = D.load_dataset(data_dir)
+    if ds['states'] is None or ds['states'].shape[1] != 5:
+        raise SystemExit(f"{data_dir}: replay needs states.npy with gym-pusht's 5 numbers per frame (pusht.py --mode=collect writes it)")
+    try:
+        offsets = [tuple(float(v) for v in o.split(':')) for o in cfg['replay_offsets'].split(',')]
+        assert all(len(o) == 2 and o[0] >= 0 for o in offsets)
+    except (ValueError, AssertionError):
+        raise SystemExit(f"--replay_offsets={cfg['replay_offsets']!r}: expected a comma list of PX:DEG, PX >= 0, e.g. 0:0,0.5:2")
+    S, H = ds['frames'].shape[1], cfg['horizon']
+    ranges = D.episode_ranges(ds['episode_ends'])
+    eps = [i for i in rollout.unseen_episodes(ck, data_dir, ranges)[0] if ranges[i][1] - ranges[i][0] > H][:cfg['num_episodes']]
+    if not eps:
+        raise SystemExit(f"no unseen episode of {data_dir!r} is longer than horizon {H}")
+    env, rng, rows = make_env(S), np.random.default_rng(cfg['seed']), []
+    print(f"replaying {len(eps)} episodes x {H} steps in gym-pusht from perturbed starts")
+    for px, deg in offsets:
+        t0, scores, exact = time.time(), [], 0
+        for _ in range(cfg['replay_draws'] if px or deg else 1):
+            for i in eps:
+                s0 = ranges[i][0]
+                phi = rng.uniform(0, 2 * math.pi)
+                replay_start(env, ds['states'][s0], px * np.array([math.cos(phi), math.sin(phi)]), deg * rng.choice([-1, 1]), S)
+                true = np.asarray(ds['frames'][s0 + 1:s0 + 1 + H])  # (H, S, S, 3): frame k+1 follows action k
+                pred = np.stack([env.step(np.asarray(ds['actions'][s0 + k], np.float64))[0] for k in range(H)])
+                exact += bool((pred == true).all())
+                scores.append(physics(pred, true))
+        per = {k: np.stack([r[k] for r in scores]) for k in EVAL_KEYS}  # each (episodes x draws, H)
+        row = {'offset_px': px, 'offset_deg': deg, 'rollouts': len(scores), 'exact_rollouts': exact}
+        row |= {k: float(v.mean()) for k, v in per.items()}
+        row['per_32_steps'] = {k: [round(float(v[:, j:j + 32].mean()), 4) for j in range(0, H, 32)] for k, v in per.items()}
+        rows.append(row)
+        print(f"  off by {px} px, {deg} deg: block IoU {row['block_iou']:.3f} (steps 1-32 {row['per_32_steps']['block_iou'][0]:.3f}), "
+              f"centroid {row['block_centroid_err_px']:.2f} px, angle {row['block_angle_err_deg']:.1f} deg; "
+              f"{exact} of {len(scores)} rollouts pixel-exact; {time.time() - t0:.0f} s")
+    env.close()
+    out = {'rows': rows, 'episodes': [int(i) for i in eps], 'horizon': H, 'data_dir': os.path.abspath(data_dir), 'seed': cfg['seed']}
+    if cfg['replay_policies']:
+        out['policies'] = replay_ranking(cfg, offsets, S, rng)
+    os.makedirs(cfg['out_dir'], exist_ok=True)
+    with open(os.path.join(cfg['out_dir'], 'replay.json'), 'w') as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {cfg['out_dir']}/replay.json")
+    return out
+
+
+def replay_ranking(cfg, offsets, S, rng):
+    """replay's policy part (replay_policies=True; see replay): {'names', 'real': mean final coverage per policy, 'rows': one per offset}."""
+    names, E, steps = _policy_names(cfg['policies']), cfg['num_states'], cfg['steps']
+    P = len(names)
+    real = RealSim(np.concatenate([sample_states(E, cfg['seed'])] * P), S)
+    starts = real.truth()[0][:E]  # where the resets put things (reset_to_state moves the T: replay_start)
+    cov = lambda est: goal_coverage(est['masks']['block'], est['masks']['agent']).reshape(P, E).mean(1)  # (P,)
+    ref = cov(run_policies(names, real.first[:E], steps, real.step, cfg['seed'])[3])
+    rows = []
+    for px, deg in offsets:
+        t0 = time.time()
+        d = [(px * math.cos(f), px * math.sin(f), deg * rng.choice([-1, 1])) for f in rng.uniform(0, 2 * math.pi, E)]
+        first = np.stack([replay_start(e, starts[j % E], d[j % E][:2], d[j % E][2], S) for j, e in enumerate(real.envs)])
+        c = cov(run_policies(names, first[:E], steps, real.step, cfg['seed'])[3])
+        rows.append({'offset_px': px, 'offset_deg': deg, 'coverage': c.round(4).tolist(), 'pearson': pearson(ref, c),
+                     'spearman': spearman(ref, c), 'max_abs_diff': float(np.abs(c - ref).max())})
+        fmt = lambda v: 'n/a' if v is None else f"{v:.3f}"  # None: one side constant
+        print(f"  policies from starts off by {px} px, {deg} deg: Pearson {fmt(rows[-1]['pearson'])}, Spearman "
+              f"{fmt(rows[-1]['spearman'])}, largest |difference| {rows[-1]['max_abs_diff']:.3f}; {time.time() - t0:.0f} s")
+    for e in real.envs:
+        e.close()
+    return {'names': names, 'real': ref.round(4).tolist(), 'num_states': E, 'steps': steps, 'rows': rows}
+
+
 # ---------------------------------------------------------------------------- the command line
 # defaults: rollout.py's (checkpoint, sampler, open-loop evaluation) and these
-mode = 'eval'  # collect | eval | policy_eval | record_demos
+mode = 'eval'  # collect | eval | policy_eval | record_demos | replay
 # collect: a new Push-T play dataset written to data_dir
 num_workers = 2  # collection processes; the episodes do not depend on it
 episode_len = 200  # frames per collected episode (10 Hz)
@@ -973,6 +1081,10 @@ policies = ''  # policy_eval: comma list of POLICIES; '' = DEFAULT_POLICIES
 success_threshold = 0.9  # pixel goal coverage that counts as success (~0.87 of the env's own polygon coverage)
 demo_policy = 'push'  # record_demos: the scripted policy that stands in for a human
 record_dir = 'out/demos'  # record_demos: the dataset folder written
+# replay: gym-pusht replays the held-out episodes from a start that is off by PX pixels and DEG degrees
+replay_offsets = '0:0,0.25:1,0.5:2,1:5'  # comma list of PX:DEG; 0:0 checks that the replay is exact
+replay_draws = 1  # random directions per episode for each nonzero offset
+replay_policies = False  # also policy_eval's ranking (num_states, steps, policies) from the same offsets
 PANELS = ('psnr', 'ssim', 'agent_err_px', 'block_iou')  # the curves pusht eval draws
 EVAL_KEYS = ('agent_err_px', 'block_iou', 'agent_iou', 'block_centroid_err_px', 'block_angle_err_deg', 'coverage_err')
 
@@ -998,7 +1110,7 @@ def main(cfg):
             raise SystemExit(f"error: {e}")
         print(f"wrote {cfg['num_episodes']} episodes to {cfg['data_dir']}")
         return None
-    modes = {'eval': evaluate, 'policy_eval': policy_eval, 'record_demos': record_demos}
+    modes = {'eval': evaluate, 'policy_eval': policy_eval, 'record_demos': record_demos, 'replay': replay}
     if cfg['mode'] not in modes:
         raise SystemExit(f"unknown mode {cfg['mode']!r}; modes: collect, {', '.join(modes)}")
     return modes[cfg['mode']](cfg)

@@ -551,6 +551,44 @@ def test_policy_eval_demos_and_training(tmp_path, tiny_world):
         pusht.main(dict(cfg, mode='fly'))
 
 
+def test_replay_starts_where_asked_and_scores_physics_from_a_near_miss(tmp_path, tiny_world):
+    """replay_start reproduces the recorded episodes bit for bit (reset_to_state alone does not: gym-pusht
+    sets the angle after the position, and pymunk turns the T about its centre of gravity), moves the T's
+    centroid by exactly the pixels asked and turns it about that centroid; --mode=replay scores the exact
+    replay as perfect and a 2-pixel near miss as worse, and rejects a malformed offset list."""
+    d, ckpt = tiny_world
+    ds = data.load_dataset(d)
+    S = ds['frames'].shape[1]
+    env = pusht.make_env(S)
+    for s0, e in data.episode_ranges(ds['episode_ends']):
+        st = ds['states'][s0]
+        assert (pusht.replay_start(env, st, S=S) == ds['frames'][s0]).all()
+        for k in range(s0, e - 1):  # frame k+1 follows action k
+            assert (env.step(ds['actions'][k].astype(np.float64))[0] == ds['frames'][k + 1]).all()
+        pusht.replay_start(env, st, (1.0, -0.5), 10.0, S)
+        now = pusht.env_state(env)
+        np.testing.assert_allclose(pusht.tee_centroid(now[2:5]) - pusht.tee_centroid(st[2:5]), [512 / S, -256 / S], atol=1e-3)
+        assert math.degrees(pusht.angle_diff(now[4], st[4])) == pytest.approx(10.0, abs=1e-4)
+    env.close()
+    cfg = config_from_globals({**vars(rollout), **vars(pusht)}, ['--mode=replay', f'--ckpt={ckpt}', '--horizon=12',
+                                                                 '--replay_offsets=0:0,2:10', f'--out_dir={tmp_path}/rp'])
+    res = pusht.main(cfg)
+    assert res == json.load(open(tmp_path / 'rp' / 'replay.json'))
+    exact, near = res['rows']
+    assert exact['rollouts'] == exact['exact_rollouts'] == len(res['episodes']) >= 1
+    assert exact['block_iou'] == 1.0 and exact['block_centroid_err_px'] == 0.0 and exact['agent_err_px'] == 0.0
+    assert near['exact_rollouts'] == 0 and near['block_iou'] < 0.9 and near['block_centroid_err_px'] > 1.0
+    with pytest.raises(SystemExit, match='PX:DEG'):
+        pusht.main(dict(cfg, replay_offsets='0.5'))
+    # the policy ranking from the same offsets: exact from 0:0, something else from a 4-pixel, 20-degree miss
+    pol = pusht.main(dict(cfg, replay_offsets='0:0,4:20', replay_policies=True, num_states=3, steps=6, horizon=2,
+                          policies='push,hold', out_dir=str(tmp_path / 'rp2')))['policies']
+    assert pol['names'] == ['push', 'hold'] and len(pol['real']) == 2
+    same, off = pol['rows']
+    assert same['coverage'] == pol['real'] and same['max_abs_diff'] == 0.0
+    assert off['coverage'] != pol['real']
+
+
 def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, monkeypatch, tiny_world):
     """bench.py --mode=diagnose with a simulator that holds the last real frame it was given: the untouched T
     is then exactly the truth (IoU 1, no drift, latent error 0), the open-loop rollout equals the
