@@ -1050,7 +1050,7 @@ def replay_ranking(cfg, offsets, S, rng):
     starts = real.truth()[0][:E]  # where the resets put things (reset_to_state moves the T: replay_start)
     cov = lambda est: goal_coverage(est['masks']['block'], est['masks']['agent']).reshape(P, E).mean(1)  # (P,)
     ref = cov(run_policies(names, real.first[:E], steps, real.step, cfg['seed'])[3])
-    rows = []
+    rows, fmt = [], lambda v: 'n/a' if v is None else f"{v:.3f}"  # None: one side constant
     for px, deg in offsets:
         t0 = time.time()
         d = [(px * math.cos(f), px * math.sin(f), deg * rng.choice([-1, 1])) for f in rng.uniform(0, 2 * math.pi, E)]
@@ -1058,7 +1058,6 @@ def replay_ranking(cfg, offsets, S, rng):
         c = cov(run_policies(names, first[:E], steps, real.step, cfg['seed'])[3])
         rows.append({'offset_px': px, 'offset_deg': deg, 'coverage': c.round(4).tolist(), 'pearson': pearson(ref, c),
                      'spearman': spearman(ref, c), 'max_abs_diff': float(np.abs(c - ref).max())})
-        fmt = lambda v: 'n/a' if v is None else f"{v:.3f}"  # None: one side constant
         print(f"  policies from starts off by {px} px, {deg} deg: Pearson {fmt(rows[-1]['pearson'])}, Spearman "
               f"{fmt(rows[-1]['spearman'])}, largest |difference| {rows[-1]['max_abs_diff']:.3f}; {time.time() - t0:.0f} s")
     for e in real.envs:
