@@ -19,7 +19,7 @@ full model's own config, so only the ablated thing differs:
                           MSE decoder (one pass from a zero image), the full dynamics model; for a full
                           model that already runs on it (the Push-T CPU recipe), the consistency decoder
                           of its stage-1 checkpoint instead (and no K = 1 row)
-  no residual, no own     retrained with dyn_residual / own_ctx off, when the full model has them on
+  no own rollouts         retrained with own_ctx off, when the full model has it on
   window w                the full model rolled out with a shorter window (w-1 context latents)
   copy first frame        the baseline
 
@@ -70,12 +70,12 @@ def variants(cfg, ck):
     """Train (or find) the retrained variants. Returns {name: checkpoint path or None}: 'decoder', the other
     decoder on the same frozen encoder (the deterministic one for a consistency-decoder model; the stage-1
     consistency decoder for a model that runs on the deterministic one), and one dynamics model per
-    training switch the full model has on, retrained with it off ('no_ctx_noise', 'no_residual', 'no_own_ctx')."""
+    training switch the full model has on, retrained with it off ('no_ctx_noise', 'no_own_ctx')."""
     os.makedirs(cfg['out_dir'], exist_ok=True)
     out = {}
     ae_path = ck['ae_ckpt']
     ae = load_checkpoint(ae_path, expect_kind='ae')
-    if ae['config'].get('decoder_type') == 'deterministic':  # the stage-1 checkpoint it was fine-tuned from
+    if ae['config'].get('decoder_type') == 'deterministic':  # the stage-1 checkpoint whose encoder it was trained on
         cons = ae['config']['init_ckpt'] or os.path.join(os.path.dirname(ae_path), 'ckpt.pt')
         out['decoder'] = cons if os.path.isfile(cons) else None
     else:
@@ -84,15 +84,13 @@ def variants(cfg, ck):
         if not os.path.isfile(det) and cfg['train']:
             os.makedirs(det_dir, exist_ok=True)
             print(f"training the deterministic decoder on the frozen encoder of {ae_path} -> {det}", flush=True)
-            args = _overrides(ae['config'], ('out_dir', 'init_from', 'finetune', 'decoder_type', 'max_iters', 'device', 'init_ckpt'))
-            args += [f'--out_dir={det_dir}', f'--init_ckpt={ae_path}', '--finetune=True', "--decoder_type='deterministic'",
+            args = _overrides(ae['config'], ('out_dir', 'init_from', 'decoder_type', 'max_iters', 'device', 'init_ckpt'))
+            args += [f'--out_dir={det_dir}', f'--init_ckpt={ae_path}', "--decoder_type='deterministic'",
                      f"--max_iters={cfg['ae_iters'] or ae['config']['max_iters']}", f"--device={cfg['device']!r}"]
             _train('train_ae.py', args, os.path.join(cfg['out_dir'], 'det_decoder.log'))
         out['decoder'] = det if os.path.isfile(det) else None
     c = ck['config']
     switches = [('no_ctx_noise', 'ctx_noise', False)]  # (variant, config key, value that switches it off)
-    if c.get('dyn_residual'):
-        switches.append(('no_residual', 'dyn_residual', False))
     if c.get('own_ctx', 0) > 0:
         switches.append(('no_own_ctx', 'own_ctx', 0.0))
     for name, key, off in switches:
@@ -132,8 +130,6 @@ def main(cfg):
     rows.append(('context labelled clean at inference (level 0)', {'ctx_level': 0}))
     if extra['no_ctx_noise']:
         rows.append(('no context noise in training (level 0)', {'ckpt': extra['no_ctx_noise'], 'ctx_level': 0}))
-    if extra.get('no_residual'):
-        rows.append(('latent predicted, not its change (dyn_residual off)', {'ckpt': extra['no_residual']}))
     if extra.get('no_own_ctx'):
         rows.append(('no training on own rollouts (own_ctx 0)', {'ckpt': extra['no_own_ctx']}))
     if extra['decoder']:

@@ -92,7 +92,7 @@ num_episodes = 8  # diagnose: held-out episodes
 horizon = 192  # diagnose: steps of the untouched-T test and of the open-loop rollouts
 contact_every = 32  # diagnose: the short teacher-forced predictions start every this many steps
 contact_len = 8  # diagnose: ... and run this many steps
-data_dir = ''  # diagnose: '' = the checkpoint's data (its held-out episodes); another dataset = all of it, a test set
+data_dir = ''  # diagnose, stability: '' = the checkpoint's data (its held-out episodes); another dataset = all of it, a test set
 fit_batches = 40  # diagnose: batches of 16 random windows for the one-step loss on training vs unseen episodes
 # ------------------------------------------------------------------------------------
 RECIPE_FILES = {'cpu': ('config/ae_pusht_cpu.py', 'config/dyn_pusht_cpu.py', 64),
@@ -360,13 +360,15 @@ def smooth_actions(n, low, high, rng, smooth=0.9, sigma=0.004, pull=0.002, start
     return out
 
 
-def _first_frame(ck, S):
-    """A real first frame and its recorded first command when the checkpoint's dataset is at hand (its first
-    held-out episode), else a white frame and no command."""
+def _first_frame(ck, S, data_dir=''):
+    """A real first frame and its recorded first command when a dataset is at hand (data_dir, '' = the checkpoint's
+    own): the first episode the model never trained on (rollout.unseen_episodes); else a white frame, no command."""
     try:
         import data as D
-        ds = D.load_dataset(ck['data']['data_dir'])
-        start = D.episode_ranges(ds['episode_ends'])[ck['data']['val_ids'][0]][0]
+        data_dir = data_dir or ck['data']['data_dir']
+        ds = D.load_dataset(data_dir)
+        ranges = D.episode_ranges(ds['episode_ends'])
+        start = ranges[rollout.unseen_episodes(ck, data_dir, ranges)[0][0]][0]
         return np.array(ds['frames'][start:start + 1]), np.array(ds['actions'][start]), 'dataset'  # copies of a read-only memmap
     except Exception:
         return np.full((1, S, S, 3), 255, np.uint8), None, 'white'
@@ -383,7 +385,7 @@ def bench_stability(cfg):
         dyn, enc, dec, ck = random_world_model(recipe_sizes(cfg['recipes'].split(',')[0]), dev)
     S = ck['data']['image_size']
     sim = make_sim(dyn, enc, dec, ck, dev, cfg)
-    f0, a0, src = _first_frame(ck, S) if cfg['ckpt'] else (rng.integers(0, 256, (1, S, S, 3), dtype=np.uint8), None, 'random')
+    f0, a0, src = _first_frame(ck, S, cfg['data_dir']) if cfg['ckpt'] else (rng.integers(0, 256, (1, S, S, 3), dtype=np.uint8), None, 'random')
     sim.reset(f0)
     st = ck['data']['action_stats']
     acts = smooth_actions(cfg['steps'], st['low'], st['high'], rng, cfg['act_smooth'], cfg['act_sigma'], cfg['act_pull'], a0)
@@ -479,8 +481,8 @@ def one_step_loss(dyn, enc, ck, frames, actions, ranges, ids, n_batches, dev, se
         fidx, act = D.make_windows(tgt[p], start[p], c['window'], a)  # (bs, W), (bs, W, A+1)
         z = enc(M.frames_to_tensor(np.asarray(frames[fidx.reshape(-1)]), dev))  # (bs*W, C, h, w)
         z = z.reshape(*fidx.shape, *z.shape[1:])  # (bs, W, C, h, w)
-        losses.append(M.dynamics_loss(dyn, z, torch.from_numpy(act).to(dev), abar, c['ctx_noise'], c['all_frames'],
-                                      c['dyn_residual'], ctx_max=c.get('ctx_noise_max', 99)).item())
+        losses.append(M.dynamics_loss(dyn, z, torch.from_numpy(act).to(dev), abar, c['ctx_noise'],
+                                      c['all_frames']).item())
     return float(np.mean(losses)), float(np.std(losses) / np.sqrt(n_batches))
 
 

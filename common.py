@@ -17,11 +17,11 @@ here too, so both trainers do them the same way.
 import ast
 import contextlib
 import hashlib
+import math
 import os
 import random
 import shutil
 import sys
-import time
 
 import numpy as np
 import torch
@@ -137,6 +137,14 @@ def fingerprint(state_dict):
     for k in sorted(state_dict):
         h.update(k.encode())
         h.update(state_dict[k].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def dataset_fingerprint(ds):
+    """A short hash of a dataset's episode ends and actions: a resume checks it is the same data, wherever it lies."""
+    h = hashlib.sha1(np.ascontiguousarray(ds['episode_ends'], np.int64).tobytes())
+    for i in range(0, len(ds['actions']), 1 << 16):
+        h.update(np.ascontiguousarray(ds['actions'][i:i + (1 << 16)]).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -324,35 +332,18 @@ def set_rng_state(st, np_rng, gen=None):
         torch.cuda.set_rng_state(st['cuda'])
 
 
+def lr_at(it, peak, floor, warmup, total, cooldown=None):
+    """The learning rate of step it: linear warm-up to peak over warmup steps, then cosine decay to floor at total;
+    or, given cooldown (steps), constant at peak until total - cooldown, then linear decay to floor at total (a run
+    that can be stopped anywhere: a short cool-down branch from any of its checkpoints reads it fairly)."""
+    if it < warmup:
+        return peak * (it + 1) / warmup
+    if cooldown is not None:
+        return peak - (peak - floor) * min(1.0, max(0, it - (total - cooldown)) / max(1, cooldown))
+    r = min(1.0, (it - warmup) / max(1, total - warmup))
+    return floor + 0.5 * (1 + math.cos(math.pi * r)) * (peak - floor)
+
+
 def autocast(dev, on):
     """bf16 autocast on dev's device type when on, else nothing (fp32)."""
     return torch.autocast(dev.split(':')[0], dtype=torch.bfloat16) if on else contextlib.nullcontext()
-
-
-def choose_bf16(amp, dev, step, min_gain=1.3, reps=3):
-    """Whether a trainer runs its forward pass and loss under bf16 autocast (the trainers' amp setting):
-    'fp32' never (the reference: every recipe's numbers are fp32), 'bf16' always, 'auto' on CUDA, and on
-    a CPU only where a start-up probe says it pays: step(on) (one forward + backward of the real model on
-    a real batch, no optimizer step) is timed `reps` times each way after a warm-up, and bf16 is taken if
-    its median is >= min_gain x faster. Why a probe: on CPUs with AMX (lscpu: amx_bf16) bf16 matmuls run
-    several times faster than fp32, while on AVX2-only CPUs they are emulated and ~100x slower.
-    The probe runs in a forked RNG so the run's random streams are the same whatever it decides.
-    -> (on, a line saying what was chosen and why)."""
-    if amp not in ('fp32', 'bf16', 'auto'):
-        raise SystemExit(f"amp must be 'fp32', 'bf16' or 'auto', got {amp!r}")
-    kind = dev.split(':')[0]
-    if amp != 'auto' or kind != 'cpu':
-        on = amp == 'bf16' or (amp == 'auto' and kind == 'cuda')
-        return on, f"amp {amp}: {'bf16 autocast' if on else 'fp32'} on {kind}"
-    ms = {}
-    with torch.random.fork_rng(devices=[]):
-        for on in (False, True):
-            times = []
-            for r in range(reps + 1):
-                t0 = time.perf_counter()
-                step(on)
-                times.append(time.perf_counter() - t0)
-            ms[on] = 1e3 * float(np.median(times[1:]))  # the first is a warm-up
-    on = ms[False] >= min_gain * ms[True]
-    return on, (f"amp auto: {'bf16 autocast' if on else 'fp32'} on cpu (probe: fp32 {ms[False]:.0f} ms, bf16 "
-                f"{ms[True]:.0f} ms per forward + backward; bf16 needs >= {min_gain}x)")

@@ -207,8 +207,7 @@ def action_stats(actions, episode_ends, episode_ids, eps=1e-3):
     ranges = episode_ranges(episode_ends)
     if len(episode_ids) == 0:
         raise ValueError("action_stats needs at least one episode id")
-    low = np.full(actions.shape[1], np.inf)
-    high = np.full(actions.shape[1], -np.inf)
+    low, high = np.full(actions.shape[1], np.inf), np.full(actions.shape[1], -np.inf)
     for i in episode_ids:
         s, e = ranges[i]
         for j in range(s, e, CHUNK_ROWS):
@@ -250,20 +249,6 @@ def denormalize_actions(a, stats):
 
 # -----------------------------------------------------------------------------
 # training windows
-
-def motion_probs(step_change, targets, starts, W, strength):
-    """Sampling probabilities for training windows that favour the ones where something moves (not in the
-    paper; train_dynamics' motion_sampling). step_change (N,): how much frame p differs from frame p-1
-    (0 at an episode's first frame); a window ending on target e moves m_e = the sum of the changes of its
-    W-1 steps (clamped at the episode start). p_e = (1 + strength * m_e / mean(m)) / sum: strength 0 is
-    uniform, a still window keeps a floor, so stillness is still trained."""
-    cs = np.cumsum(np.asarray(step_change, np.float64))  # (N,)
-    e = np.asarray(targets, np.int64)
-    lo = np.maximum(e - (W - 1), np.asarray(starts, np.int64))  # the window's first frame
-    m = cs[e] - cs[lo]  # (B,) changes of frames lo+1..e
-    p = 1 + strength * m / max(m.mean(), 1e-12)
-    return p / p.sum()
-
 
 def make_windows(targets, starts, W, actions_norm):
     """Index tables for a batch of training windows (stage 2). targets (B,): the frame each window ends

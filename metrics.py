@@ -167,6 +167,53 @@ def lpips_distance(model, x, y):
 
 
 # -----------------------------------------------------------------------------
+# scoring a rollout: per-frame metrics, their means and per-step curves, the side-by-side video
+
+def score_frames(pred_u8, true_u8, lp, extra=None):
+    """Per-frame metrics of uint8 frames (N, S, S, 3) -> dict of (N,) numpy arrays (None: not measured).
+    extra(pred_u8, true_u8) -> {name: (N,) array}: a task's own scores (pusht.physics), added as they are."""
+    x = torch.from_numpy(pred_u8).permute(0, 3, 1, 2).float() / 255
+    y = torch.from_numpy(true_u8).permute(0, 3, 1, 2).float() / 255
+    r = {'mse': mse(x, y).numpy(), 'ssim': ssim(x, y).numpy(), 'uiqi': uiqi(x, y).numpy()}
+    r['lpips'] = lpips_distance(lp, x, y).numpy() if lp is not None else None
+    r.update(extra(pred_u8, true_u8) if extra is not None else {})
+    return r
+
+
+def summarise(r, E, H):
+    """Per-frame scores (E*H,) -> (means, per-step curves (H,)). PSNR is 10 log10(1 / MSE) of the MSE
+    averaged first (over all frames, or over the episodes at a step): a per-frame PSNR is infinite on
+    a frame predicted exactly, and averaging capped values (say 100 dB) would reward a baseline for
+    the frames it gets exactly right rather than for its error."""
+    mean = {k: (None if v is None else float(v.mean())) for k, v in r.items()}
+    curves = {k: (None if v is None else v.reshape(E, H).mean(0).round(6).tolist()) for k, v in r.items()}  # (E*H,) -> (E, H) -> (H,)
+    mean['psnr'] = float(psnr_from_mse(r['mse'].mean()))
+    curves['psnr'] = psnr_from_mse(r['mse'].reshape(E, H).mean(0)).round(4).tolist()
+    return mean, curves
+
+
+def write_strip(path, true_u8, pred_u8, steps=(1, 8, 16, 32, 64, 128), scale=2):
+    """PNG of a few steps of each episode (columns): a truth row over a prediction row per episode.
+    true_u8, pred_u8 (E, H, S, S, 3) with step k at index k-1; steps past H are left out."""
+    from PIL import Image
+    ks = [k for k in steps if k <= true_u8.shape[1]]
+    gap = np.full((true_u8.shape[2], 2, 3), 255, np.uint8)  # a white column between steps
+    row = lambda v: np.concatenate(sum([[v[k - 1], gap] for k in ks], [])[:-1], axis=1)
+    img = np.concatenate([row(v[e]) for e in range(len(true_u8)) for v in (true_u8, pred_u8)], axis=0)
+    Image.fromarray(img).resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST).save(path)
+
+
+def write_video(path, true_u8, pred_u8, fps=10, scale=3):
+    """Animated GIF, one row per episode: truth | prediction | |error| (amplified x2)."""
+    from PIL import Image
+    err = np.clip(np.abs(true_u8.astype(np.int16) - pred_u8.astype(np.int16)) * 2, 0, 255).astype(np.uint8)
+    row = np.concatenate([true_u8, pred_u8, err], axis=3)  # (E, H, S, 3S, 3)
+    grid = np.concatenate(list(row), axis=1)  # (H, E*S, 3S, 3)
+    frames = [Image.fromarray(g).resize((g.shape[1] * scale, g.shape[0] * scale), Image.NEAREST) for g in grid]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+
+
+# -----------------------------------------------------------------------------
 # horizon curves: CSV + a PNG drawn with PIL
 
 CURVE_PANELS = ('psnr', 'ssim')  # a task adds its own (pusht.py: agent error, block IoU)

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 T_STEPS = 1000
+CTX_NOISE_MAX = 99  # training context levels t ~ U{1..99} (noise std up to ~0.2 of the unit-norm latent)
 
 # ----------------------------------------------------------------------------------------------
 # the noise schedule and the jump G
@@ -145,8 +146,7 @@ class SpatialAttention(nn.Module):
     def forward(self, x):
         B, C, H, W = x.shape
         qkv = self.qkv(self.n(x)).reshape(B, 3, self.heads, C // self.heads, H * W)  # (B,3,heads,d,HW)
-        # contiguous: CPU's fused (flash) attention wants unit stride along d; the transposed view would
-        # send it to the unfused path, which builds every HW x HW score matrix (2x slower fwd + bwd here)
+        # contiguous: CPU's fused attention wants unit stride along d (a transposed view takes the 2x slower path)
         q, k, v = qkv.transpose(-1, -2).contiguous().unbind(1)  # each (B, heads, HW, d)
         h = F.scaled_dot_product_attention(q, k, v)  # (B, heads, HW, d)
         h = h.transpose(-1, -2).reshape(B, C, H, W)  # (B, C, H, W)
@@ -220,7 +220,6 @@ class Decoder(nn.Module):
 
     def __init__(self, ch=(16, 32, 64), attn=(False, False, True), latent_ch=4, emb_dim=64, heads=2, deterministic=False):
         super().__init__()
-        L = len(ch)
         self.deterministic = deterministic  # the ablation's plain decoder: one pass from a zero image (decode)
         self.emb = LevelEmbedding(emb_dim)
         self.cond = nn.Sequential(nn.Conv2d(latent_ch, ch[-1], 3, padding=1), nn.SiLU(),
@@ -230,11 +229,11 @@ class Decoder(nn.Module):
         self.conv_in = nn.Conv2d(3, ch[0], 3, padding=1)
         self.down = nn.ModuleList([ResBlock(c, c, [emb_dim]) for c in ch])
         self.down_attn = nn.ModuleList([SpatialAttention(c, heads) if a else nn.Identity() for c, a in zip(ch, attn)])
-        self.downsample = nn.ModuleList([nn.Conv2d(ch[i], ch[i + 1], 3, stride=2, padding=1) for i in range(L - 1)])
+        self.downsample = nn.ModuleList([nn.Conv2d(ch[i], ch[i + 1], 3, stride=2, padding=1) for i in range(len(ch) - 1)])
         self.mid = ResBlock(ch[-1], ch[-1], [emb_dim])
         self.up = nn.ModuleList([ResBlock(2 * c, c, [emb_dim]) for c in ch])
         self.up_attn = nn.ModuleList([SpatialAttention(c, heads) if a else nn.Identity() for c, a in zip(ch, attn)])
-        self.upsample = nn.ModuleList([nn.Conv2d(ch[i + 1], ch[i], 3, padding=1) for i in range(L - 1)])
+        self.upsample = nn.ModuleList([nn.Conv2d(ch[i + 1], ch[i], 3, padding=1) for i in range(len(ch) - 1)])
         self.out = nn.Sequential(norm(ch[0]), nn.SiLU(), zero_init(nn.Conv2d(ch[0], 3, 3, padding=1)))
 
     def forward(self, x, t, s, z):
@@ -265,11 +264,9 @@ def decoder_x0(dec, x_t, t, s, z, abar):
 def decoder_loss(dec, x0, z, t, s, abar, snr_gamma=5.0, both_terms=True):
     """Stage-1 consistency loss without a teacher (same eps for x_t and x_s):
         w(t) |G(x_t, t, s | z) - x_s|^2  +  w(s) |G(x_s, s, 0 | z) - x_0|^2
-    with the weight w = min(SNR, gamma) / SNR (gamma = snr_gamma = 5): full weight wherever SNR <= 5
-    (every point the sampler visits) and gamma / SNR on the nearly clean, easy levels. Naming, to be
-    exact: that is min-SNR-gamma's weight for a noise-space loss (Hang et al. 2023), used here on an
-    x-space loss (min-SNR proper would weight an x-space loss by min(SNR, gamma)); the recipes were
-    tuned with it as it is.
+    with w = min(SNR, gamma) / SNR (gamma = snr_gamma = 5): full weight wherever SNR <= 5 (every point the
+    sampler visits), gamma / SNR on the nearly clean, easy levels (min-SNR-gamma's noise-space weight, Hang
+    et al. 2023, here on an x-space loss).
     both_terms=False gives each sample one of the two terms, at random: the same loss in expectation
     (halved) for one network pass per sample instead of two."""
     eps = torch.randn_like(x0)
@@ -351,23 +348,12 @@ class Dynamics(nn.Module):
     causal temporal attention. Convs are per frame (kernel (1,k,k)) and GroupNorm is per frame too, so
     nothing but the causal temporal attention mixes frames."""
 
-    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=None,
-                 residual=False):
+    def __init__(self, latent_ch=4, ch=64, depth=2, action_dim=2, emb_dim=128, heads=4, spatial_attn='all', action_map=None):
         super().__init__()
-        # residual (off by default and in every recipe): the new frame's consistency chain runs on the
-        # change of the latent since the previous frame, z_new = z_prev + x0_hat, instead of on the latent
-        # itself. With the zero-initialised output conv the untrained net copies the last frame, and what
-        # nothing touches (the background, an untouched T) has target 0. Not in the paper. Measured on
-        # Push-T (README, lever table): an untouched T stays intact for ~10 steps, then small wrong changes
-        # pile up with nothing pulling them back; worse than predicting the latent over 192 steps.
-        self.residual = residual
-        # action_map (None by default; the Push-T CPU recipe turns it on): when two action dimensions are a
-        # point in the image (Push-T: the agent's target, (x, y) = (column, row)), the frame's action is
-        # also drawn as a Gaussian spot on the latent grid and given to the input conv, so "the agent goes
-        # where the spot is" is a local rule the convs learn in a few hundred steps, not a map from two
-        # numbers to a place that FiLM must discover. Not in the paper. A dict from point_map(): which
-        # dims, and the affine map from normalised action to grid coordinates (the data's metadata says
-        # where the action range lies on the image, the training statistics how it was normalised).
+        # action_map (not in the paper; the Push-T CPU recipe's): when two action dims are a point in the image
+        # (Push-T: the agent's target), the action is also drawn as a Gaussian spot on the latent grid for the
+        # input conv, so "the agent goes where the spot is" is a local rule the convs learn in a few hundred
+        # steps, not a map from two numbers to a place that FiLM must discover. A dict from point_map().
         self.action_map = action_map
         self.emb = LevelEmbedding(emb_dim)
         self.act = nn.Sequential(nn.Linear(action_dim + 1, emb_dim),  # + the 'has action' bit (action_input)
@@ -439,11 +425,11 @@ class Dynamics(nn.Module):
         return self.out(h).reshape(B, T, C, H, W)  # v for every frame
 
 
-def dynamics_levels(B, T, ctx_level, device, generator=None, ctx_max=99):
+def dynamics_levels(B, T, ctx_level, device):
     """Noise levels (t, s) for a window: context frames t = s (ctx_level an int, or None to draw
-    U{1..ctx_max} independently per frame), the new last frame t = 999 -> s = 0."""
+    U{1..CTX_NOISE_MAX} independently per frame), the new last frame t = 999 -> s = 0."""
     if ctx_level is None:
-        t = torch.randint(1, ctx_max + 1, (B, T), generator=generator, device='cpu').to(device)
+        t = torch.randint(1, CTX_NOISE_MAX + 1, (B, T), device='cpu').to(device)
     else:
         t = torch.full((B, T), ctx_level, dtype=torch.long, device=device)
     s = t.clone()
@@ -451,152 +437,58 @@ def dynamics_levels(B, T, ctx_level, device, generator=None, ctx_max=99):
     return t, s
 
 
-def dynamics_predict(dyn, x, t, s, a, abar, prev=None):
-    """G(x_t, t, 0) for the last frame of the window (its s is always 0: one jump to a finished latent),
-    re-normalised to unit channel norm like the encoder's latents. prev (B, C, h, w), given for a residual
-    model: the net predicts the change since that latent, so the result is unit_norm(prev + G)."""
-    v = dyn(x, t, s, a)[:, -1].float()  # (B, C, h, w)
-    out = jump(x[:, -1], x0_from_v(x[:, -1], t[:, -1], v, abar), t[:, -1], s[:, -1])
-    return unit_norm(out if prev is None else prev + out)
-
-
-def new_frame_levels(shape, steps, device):
-    """(t, s) of the new frames in training, each (shape): (999, 0) for the paper's one-jump model (steps 1).
-    steps K > 1 (train_dynamics' dyn_steps; not the paper's default, its "multi-step dynamics sampling"
-    option): a segment of the K-jump path linspace(999, 0, K + 1) drawn uniformly per frame, the pairs the
-    K-jump sampler (predict_next) visits and no others."""
-    if steps == 1:  # no random draw: the default's random streams stay as they were
-        return (torch.full(shape, T_STEPS - 1, dtype=torch.long, device=device),
-                torch.zeros(shape, dtype=torch.long, device=device))
-    path = torch.tensor(sample_schedule(steps), device=device)  # (K+1,)
-    i = torch.randint(0, steps, shape, device='cpu').to(device)
-    return path[i], path[i + 1]
-
-
-def new_frame_loss(x_t, x0_hat, t, s, z, eps, abar):
-    """Uniform MSE of the new frames' jump G(x_t, t, s) (B, C, h, w) against the target x_s drawn from the
-    same eps as x_t (the teacher-free consistency target of stage 1). At s = 0 the target is the true
-    latent z and the prediction is re-normalised to unit channel norm first, as inference does; an
-    intermediate point of the K-jump chain (s > 0) is a noisy latent and is left as it is."""
-    pred = jump(x_t, x0_hat, t, s)
-    pred = torch.where(_bc(s == 0, pred), unit_norm(pred), pred)
-    return ((pred - add_noise(z, s, eps, abar)) ** 2).mean()
-
-
-def change_weighted_mse(pred, target, moved, weight):
-    """MSE of pred against target (N, C, h, w), each latent position weighted by how much the context's last
-    frame had just changed there, moved (N, C, h, w) = z_k - z_{k-1} for the target z_{k+1} (not in the paper;
-    README lever table):
-        w = 1 + weight * d / mean(d),  d = mean_C moved^2  (N, 1, h, w), mean over the batch,
-    and the loss is sum(w * err) / sum(w), so weight = 0 is the plain uniform MSE. Why: the T block fills a
-    few of the 256 latent positions; where things were moving, they go on moving. The weights read only the
-    context, since weights that read the target's own change (commit f96402b) bias the weighted-MSE minimiser
-    E[w z | context] / E[w | context] toward change. Neither version paid: both rollouts drift (README)."""
-    err = (pred - target) ** 2  # (N, C, h, w)
-    if weight == 0:
-        return err.mean()
-    d = (moved ** 2).mean(1, keepdim=True)  # (N, 1, h, w)
-    w = 1 + weight * d / d.mean().clamp(min=1e-12)  # (N, 1, h, w); no gradient flows into the weights
-    return (w * err).mean() / w.mean()
-
-
-def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, residual=False, ctx=None, ctx_max=99, steps=1,
-                  change_weight=0.0):
-    """Stage-2 loss on a window of clean latents z (B, T, C, h, w) and actions a (B, T, A+1):
-    context frames really noised at U{1..ctx_max} (the paper: 99, noise std ~0.2; or left clean when
-    ctx_noise is off), the new frame from pure noise (t = 999 -> s = 0), uniform MSE against the true latent.
-    all_frames=False: the paper's layout, the last frame is the only new one (one prediction per window).
-    all_frames=True: every frame after the first is a new frame in the same pass (Dynamics.forward with
-    queries), each seeing exactly the context a plain window would give it: T-1 predictions per window
-    for (2T-2)/T times the compute. Same model, same inference; more training signal per FLOP.
-    residual: predict the change since the previous context latent (before its training noise: at
-    inference the context is not noised, only labelled), as Dynamics(residual=True).
-    ctx (B, T, C, h, w): the context frames to show the net instead of z (the model's own rollout, see
-    own_context); the targets stay the true latents z.
-    steps K > 1: the new frames are trained on the segments of the K-jump path (new_frame_levels) with the
-    teacher-free consistency target (new_frame_loss); K = 1 is the paper's one jump 999 -> 0.
-    change_weight > 0: the one-jump MSE weights each latent position by how much the last context frame had
-    just moved there (change_weighted_mse); 0 is the paper's uniform MSE."""
+def dynamics_loss(dyn, z, a, abar, ctx_noise=True, all_frames=True, ctx=None):
+    """Stage-2 loss on a window of clean latents z (B, T, C, h, w) with actions a (B, T, A+1): the context
+    really noised at t = s ~ U{1..99} (left clean if not ctx_noise), each new frame jumped from pure noise,
+    G(x_999, 999, 0) = x0_hat (eqs. 2, 3), re-normalised as inference does, uniform MSE against its latent.
+    all_frames=False: the paper's layout, the last frame is the only new one. all_frames=True: every frame after
+    the first is new in one pass (Dynamics.forward, queries), each seeing exactly the context a plain window gives
+    it: T-1 targets per window for (2T-2)/T the compute. ctx: context to show instead of z (own_context)."""
     B, T = z.shape[:2]
-    if change_weight and steps > 1:
-        raise ValueError("change_weight weights the one-jump loss (dyn_steps=1); the K-jump loss is uniform")
     ctx = z if ctx is None else ctx
-    if residual and steps > 1:
-        raise ValueError("a residual dynamics model (dyn_residual) has only the one-jump chain (dyn_steps=1)")
-    if not all_frames:
-        t, s = dynamics_levels(B, T, None, z.device, ctx_max=ctx_max)
+    if all_frames:  # frames: context z_0..z_{n-1}, then the new z_1..z_n
+        n = T - 1
+        tc = (torch.randint(1, CTX_NOISE_MAX + 1, (B, n), device='cpu').to(z.device) if ctx_noise
+              else torch.zeros(B, n, dtype=torch.long, device=z.device))
+        t = torch.cat([tc, torch.full_like(tc, T_STEPS - 1)], 1)  # (B, 2n)
+        s = torch.cat([tc, torch.zeros_like(tc)], 1)
+        x0, a, target = torch.cat([ctx[:, :n], z[:, 1:]], 1), torch.cat([a[:, :n], a[:, 1:]], 1), z[:, 1:]
+    else:
+        n = 1
+        t, s = dynamics_levels(B, T, None, z.device)
         if not ctx_noise:
             t[:, :-1], s[:, :-1] = 0, 0
-        eps = torch.randn_like(z)
-        x = add_noise(ctx.reshape(B * T, *z.shape[2:]), t.reshape(-1), eps.reshape(B * T, *z.shape[2:]), abar)
-        if steps > 1:
-            t[:, -1], s[:, -1] = new_frame_levels((B,), steps, z.device)
-            xl = add_noise(z[:, -1], t[:, -1], eps[:, -1], abar)  # (B, C, h, w): the new frame at its level
-            x = torch.cat([x.reshape(z.shape)[:, :-1], xl[:, None]], 1)  # (B, T, C, h, w)
-            v = dyn(x, t, s, a)[:, -1].float()  # (B, C, h, w)
-            return new_frame_loss(xl, x0_from_v(xl, t[:, -1], v, abar), t[:, -1], s[:, -1], z[:, -1], eps[:, -1], abar)
-        pred = dynamics_predict(dyn, x.reshape(z.shape), t, s, a, abar, ctx[:, -2] if residual else None)  # (B, C, h, w)
-        moved = (z[:, -2] - z[:, -3] if T > 2 else torch.zeros_like(z[:, -1])) if change_weight else None  # (B, C, h, w): the context's last change
-        return change_weighted_mse(pred, z[:, -1], moved, change_weight)
-    n = T - 1
-    tc = torch.randint(1, ctx_max + 1, (B, n), device='cpu').to(z.device) if ctx_noise else torch.zeros(B, n, dtype=torch.long, device=z.device)
-    tn, sn = new_frame_levels((B, n), steps, z.device)  # (B, n) each
-    t = torch.cat([tc, tn], 1)  # (B, 2n): context levels, then the new frames'
-    s = torch.cat([tc, sn], 1)
-    zz = torch.cat([ctx[:, :n], z[:, 1:]], 1)  # (B, 2n, C, h, w): context z_0..z_{n-1}, targets z_1..z_n
-    eps = torch.randn_like(zz)
-    x = add_noise(zz.reshape(B * 2 * n, *z.shape[2:]), t.reshape(-1), eps.reshape(B * 2 * n, *z.shape[2:]), abar)
-    x = x.reshape(zz.shape)  # (B, 2n, C, h, w)
-    v = dyn(x, t, s, torch.cat([a[:, :n], a[:, 1:]], 1), queries=True)[:, n:].float()  # (B, n, C, h, w); fp32 under autocast
-    xq = x[:, n:].reshape(B * n, *z.shape[2:])  # (B*n, C, h, w)
-    tq, sq = t[:, n:].reshape(-1), s[:, n:].reshape(-1)
-    x0_hat = x0_from_v(xq, tq, v.reshape(xq.shape), abar)
-    zq = z[:, 1:].reshape(B * n, *z.shape[2:])  # (B*n, C, h, w) the true new latents
-    if steps > 1:
-        return new_frame_loss(xq, x0_hat, tq, sq, zq, eps[:, n:].reshape(xq.shape), abar)
-    pred = jump(xq, x0_hat, tq, sq)  # s = 0: x0_hat, (B*n, C, h, w)
-    if residual:  # the change since the previous context latent before its noise (as at inference)
-        pred = ctx[:, :n].reshape(B * n, *z.shape[2:]) + pred
-    pred = unit_norm(pred)
-    moved = None  # only built when the loss is weighted: the change into each target's last context frame
-    if change_weight:  # z_k - z_{k-1}; none before the window's first frame
-        moved = torch.cat([torch.zeros_like(z[:, :1]), z[:, 1:n] - z[:, :n - 1]], 1).reshape(zq.shape)  # (B*n, C, h, w)
-    return change_weighted_mse(pred, zq, moved, change_weight)
+        x0, target = ctx, z[:, -1:]
+    eps = torch.randn_like(x0)
+    x = add_noise(x0.flatten(0, 1), t.flatten(), eps.flatten(0, 1), abar).reshape(x0.shape)  # eq. (1), (B, T', C, h, w)
+    v = dyn(x, t, s, a, queries=all_frames)[:, -n:].float()  # (B, n, C, h, w); fp32 under autocast
+    xq, tq, sq = x[:, -n:].flatten(0, 1), t[:, -n:].flatten(), s[:, -n:].flatten()  # the new frames, (B*n, ...)
+    pred = unit_norm(jump(xq, x0_from_v(xq, tq, v.flatten(0, 1), abar), tq, sq))
+    return ((pred - target.flatten(0, 1)) ** 2).mean()
 
 
 @torch.no_grad()
-def predict_next(dyn, ctx, a, abar, ctx_level=15, generator=None, steps=1):
+def predict_next(dyn, ctx, a, abar, ctx_level=15, generator=None):
     """The sliding-window step: ctx (B, T-1, C, h, w) clean context latents, a (B, T, A+1) the action
     inputs (action_input) attached to the T frames. The context is labelled with the small level
-    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 (for a residual model the chain
-    runs on the change since the last context latent). Returns the new latent (B, C, h, w).
-    steps: jumps along linspace(999, 0, steps + 1), one dynamics pass each. Use the dyn_steps the
-    model was trained with: a one-jump model (the paper's default) saw (t, s) = (999, 0) and nothing
-    else, so a chain of several jumps would ask it for pairs it never saw."""
+    ctx_level; a fresh noise latent is appended and jumped 999 -> 0 in one step, G(x, 999, 0) = x0_hat,
+    then re-normalised to unit channel norm like the encoder's latents. Returns (B, C, h, w)."""
     B, Tc = ctx.shape[:2]
     x_new = torch.randn(ctx[:, 0].shape, generator=generator, device='cpu').to(ctx.device)
-    t, s = dynamics_levels(B, Tc + 1, ctx_level, ctx.device)  # context at ctx_level, new frame 999 -> 0
-    path = sample_schedule(steps)
-    for t_, s_ in zip(path[:-2], path[1:-1]):  # the intermediate jumps of a K-jump chain (none for K = 1)
-        t[:, -1], s[:, -1] = t_, s_
-        v = dyn(torch.cat([ctx, x_new[:, None]], 1), t, s, a)[:, -1]  # (B, C, h, w)
-        x_new = jump(x_new, x0_from_v(x_new, t[:, -1], v, abar), t[:, -1], s[:, -1])
-    t[:, -1], s[:, -1] = path[-2], 0  # the last jump, to a finished latent
-    return dynamics_predict(dyn, torch.cat([ctx, x_new[:, None]], 1), t, s, a, abar, ctx[:, -1] if dyn.residual else None)
+    t, s = dynamics_levels(B, Tc + 1, ctx_level, ctx.device)
+    v = dyn(torch.cat([ctx, x_new[:, None]], 1), t, s, a)[:, -1].float()  # (B, C, h, w)
+    return unit_norm(jump(x_new, x0_from_v(x_new, t[:, -1], v, abar), t[:, -1], s[:, -1]))
 
 
 @torch.no_grad()
-def own_context(dyn, z, a, abar, ctx_level=15, steps=1):
-    """Training on the model's own rollouts (truncated, no gradient through the rollout): the window
+def own_context(dyn, z, a, abar, ctx_level=15):
+    """Training on the model's own rollouts (train_dynamics' own_ctx; not in the paper): the window
     z (B, T, C, h, w) with frames 1..T-2 replaced by the model's open-loop predictions from frame 0 and
-    the window's actions a (B, T, A+1), so the context a training target sees carries the errors
-    inference makes. Frames that no action produced (copies of an episode's first frame) stay real.
-    Not in the paper; train_dynamics' own_ctx (off in every recipe) is the fraction of windows trained
-    this way. On Push-T it did not pay from scratch at equal wall-clock, but did against a control when
-    continuing the long recipe's model (README lever tables)."""
+    the window's actions a (B, T, A+1), so the context a target sees carries the errors inference makes
+    (no gradient through the rollout). Frames that no action produced (an episode's start) stay real."""
     out = z.clone()
     for j in range(1, z.shape[1] - 1):
-        pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level, steps=steps)  # (B, C, h, w)
+        pred = predict_next(dyn, out[:, :j], a[:, :j + 1], abar, ctx_level)  # (B, C, h, w)
         out[:, j] = torch.where(_bc(a[:, j, -1] > 0, pred), pred, out[:, j])
     return out
 
@@ -622,10 +514,10 @@ def init_window(z0, window, action_dim):
 
 
 @torch.no_grad()
-def window_step(dyn, ctx, act, a_norm, abar, ctx_level=15, generator=None, steps=1):
-    """One live step: predict the frame that action a_norm (B, A) produces from the context (in steps
-    dynamics jumps), then slide the window (drop the oldest latent) so the cost per frame stays constant.
+def window_step(dyn, ctx, act, a_norm, abar, ctx_level=15, generator=None):
+    """One live step: predict the frame that action a_norm (B, A) produces from the context, then slide
+    the window (drop the oldest latent) so the cost per frame stays constant.
     Returns (new latent (B, C, h, w), new ctx, new act)."""
     a_new = action_input(a_norm, 1)[:, None]  # (B, 1, A+1)
-    z = predict_next(dyn, ctx, torch.cat([act, a_new], 1), abar, ctx_level, generator, steps)
+    z = predict_next(dyn, ctx, torch.cat([act, a_new], 1), abar, ctx_level, generator)
     return z, torch.cat([ctx[:, 1:], z[:, None]], 1), torch.cat([act[:, 1:], a_new], 1)

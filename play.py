@@ -11,7 +11,7 @@ real frame; Record writes every frame seen and action sent as a new dataset fold
 into a training set (convert.py --format=concat --src=DATA,RECORDING --out_dir=MIXED). The server binds
 to 127.0.0.1 unless --host says otherwise; each request runs one model step under a lock (the
 noisy-context sliding-window sampler, constant cost per frame). Its options are rollout.py's (the
-checkpoint and sampler knobs: ckpt, ae_ckpt, data_dir, window, ctx_level, decode_steps, reencode, seed, device)
+checkpoint and sampler knobs: ckpt, ae_ckpt, data_dir, window, ctx_level, decode_steps, seed, device)
 and the four below.
 
 The HTTP interface the page uses (JSON in and out; tested directly, so a script may drive it too):
@@ -404,8 +404,7 @@ def main(cfg):
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
     ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
-    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'],
-                            cfg['reencode'], cfg['dyn_steps'])
+    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     srv = make_play_server(cfg, sim, ck, ds)
     print(f"serving the world model at http://{cfg['host']}:{srv.server_address[1]}/ (Ctrl-C to stop); "
           f"recordings go to {cfg['record_dir']}/play-*", flush=True)

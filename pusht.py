@@ -865,8 +865,7 @@ def policy_eval(cfg):
     print(f"real simulator: {t_real:.0f} s")
 
     t0 = time.time()
-    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'],
-                            cfg['reencode'], cfg['dyn_steps'])
+    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     sim.reset(np.concatenate([first] * P))  # all policies x states in one batch: one model call per step
 
     def progress(t, frames, est):  # on_step hook: the model is slow on a CPU, so say where it is
@@ -901,7 +900,7 @@ def policy_eval(cfg):
                                  'block_angle_rad_median': float(np.nanmedian(err[:, 2])),
                                  'block_not_found': float(np.isnan(err[:, 1]).mean())},
         'success_threshold': thr, 'steps': H, 'num_states': E, 'seconds': {'real': t_real, 'model': t_model},
-        'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'reencode': sim.reencode, 'dyn_steps': sim.dyn_steps},
+        'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')},
         'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev,
     }
     od = cfg['out_dir']
@@ -943,8 +942,7 @@ def record_demos(cfg):
         raise SystemExit(f"{cfg['record_dir']}: folder exists and is not empty; record_demos writes a new dataset there")
     n, H = cfg['num_episodes'], cfg['steps']
     first = rollout.held_out_starts(ds, ck, n, np.random.default_rng(cfg['seed']), cfg['data_dir'] or ck['data']['data_dir'])
-    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'],
-                            cfg['reencode'], cfg['dyn_steps'])
+    sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     sim.reset(first)
     frames = []
     t0 = time.time()

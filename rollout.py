@@ -8,7 +8,7 @@ From the first frame of each held-out episode, the model predicts `horizon` fram
 actions alone (the noisy-context sliding-window sampler: window-1 context latents labelled with a
 small noise level, the new latent jumped 999 -> 0, decoded in K jumps), and every predicted frame is
 compared with the recorded one. The copy-the-first-frame baseline is scored in the same run.
-Writes OUT/metrics.json, OUT/curves.csv/.png, OUT/rollout.gif (truth | prediction | error) and prints
+Writes OUT/metrics.json, OUT/curves.csv/.png, OUT/rollout.gif (truth | prediction | error), OUT/rollout.png and prints
 a table. All image metrics are on [0, 1] images (data range 1). Nothing here knows what is in the
 frames: a task module adds its own per-frame scores through main(cfg, extra_score) (pusht.py does,
 for the agent and the T block read from pixels).
@@ -35,10 +35,7 @@ num_episodes = 8  # held-out episodes rolled out (the first ones of the checkpoi
 horizon = 192  # predicted steps per episode, open loop from its first frame (19.2 s at 10 Hz)
 window = 0  # 0 = the training window stored in the checkpoint
 ctx_level = 15  # noise level the context latents are labelled with
-dyn_steps = 0  # dynamics jumps per frame; 0 = the dyn_steps the checkpoint was trained with (1: the paper's one jump)
 decode_steps = 3  # decoder jumps per frame
-reencode = False  # feed each shown frame back as a camera frame: its uint8 image re-encoded replaces the predicted
-                  # latent in the context (one encoder pass per step; not in the paper; did not pay: README lever tables)
 batch_size = 8  # episodes rolled out in parallel
 seed = 0  # noise seed of the sampler: the same seed gives the same rollout
 lpips_dir = ''  # folder holding alexnet-owt-7be5be79.pth; '' = the torch hub cache
@@ -51,19 +48,20 @@ device = 'auto'  # cuda, then mps, then cpu; or name one
 METRICS = ('mse', 'psnr', 'ssim', 'uiqi', 'lpips')
 
 
-def load_world_model(ckpt_path, dev, ae_path='', raw=False):
-    """Dynamics + the autoencoder it was trained on (encoder fingerprint checked). A run trained with
-    ema_decay > 0 carries the moving average of its weights ('model_ema'): that is what is loaded,
-    unless raw=True asks for the last optimizer step's weights ('model')."""
+def load_world_model(ckpt_path, dev, ae_path=''):
+    """Dynamics + the autoencoder it was trained on (encoder fingerprint checked)."""
     ck = load_checkpoint(ckpt_path, expect_kind='dynamics')
     c = ck['config']
-    if 'action_map' not in ck or 'dyn_residual' not in c:
-        raise SystemExit(f"checkpoint {ckpt_path!r} was written by an older version of train_dynamics.py (before the "
-                         f"action map's coordinates came from the data's meta.json); train stage 2 again")
-    enc, dec, ae, _ = load_autoencoder(ae_path or ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
+    gone = [k for k, off in (('dyn_residual', False), ('dyn_steps', 1), ('ema_decay', 0.0)) if c.get(k, off) != off]
+    if 'action_map' not in ck or gone:
+        raise SystemExit(f"checkpoint {ckpt_path!r} was written by an older train_dynamics.py"
+                         f"{' with options this version no longer has: ' + ', '.join(gone) if gone else ''}; "
+                         f"train stage 2 again (EXPERIMENTS.md says which commit had them)")
+    ck['ae_ckpt'] = ae_path or os.path.join(os.path.dirname(ckpt_path), ck['ae_ckpt'])  # exported: a file beside it
+    enc, dec, ae, _ = load_autoencoder(ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
     dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
-                     c['dyn_spatial_attn'], ck['action_map'], c['dyn_residual'])
-    dyn.load_state_dict(ck['model'] if raw or 'model_ema' not in ck else ck['model_ema'])
+                     c['dyn_spatial_attn'], ck['action_map'])
+    dyn.load_state_dict(ck['model'])
     return dyn.to(dev).eval(), enc, dec, ck
 
 
@@ -77,14 +75,9 @@ class Simulator:
     step() is the noisy-context sliding-window sampler: constant cost per frame, for as long as
     actions keep coming. Actions are normalised with the training statistics in the checkpoint."""
 
-    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0, reencode=False, dyn_steps=0):
+    def __init__(self, dyn, enc, dec, ck, window=0, ctx_level=15, decode_steps=3, seed=0):
         self.dyn, self.enc, self.dec, self.stats = dyn, enc, dec, ck['data']['action_stats']
-        self.reencode = reencode
-        self.W = window or ck['config']['window']
-        self.dyn_steps = dyn_steps or ck['config'].get('dyn_steps', 1)  # 0: as trained (older checkpoints: 1)
-        if not (isinstance(self.dyn_steps, int) and self.dyn_steps >= 1):
-            raise ValueError(f"dyn_steps must be an int >= 1 (0: the checkpoint's own), got {dyn_steps!r}")
-        self.level, self.ksteps = ctx_level, decode_steps
+        self.W, self.level, self.ksteps = window or ck['config']['window'], ctx_level, decode_steps
         self.dev = next(dyn.parameters()).device
         self.abar = M.sigmoid_alpha_bar().to(self.dev)
         self.A, self.S = ck['action_dim'], ck['data']['image_size']
@@ -117,11 +110,8 @@ class Simulator:
     @torch.no_grad()
     def step(self, action):
         z, self.ctx, self.act = M.window_step(self.dyn, self.ctx, self.act, self._norm(action), self.abar,
-                                              self.level, self.gen, self.dyn_steps)
-        frame = M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))  # (N, S, S, 3)
-        if self.reencode:  # the context keeps what was shown, encoded as a real frame is: back onto the encoder's latents
-            self.ctx[:, -1] = self.enc(M.frames_to_tensor(frame, self.dev))
-        return frame
+                                              self.level, self.gen)
+        return M.tensor_to_frames(M.decode(self.dec, z, self.ksteps, self.abar, self.S, self.gen))  # (N, S, S, 3)
 
 
 def unseen_episodes(ck, data_dir, ranges):
@@ -138,39 +128,6 @@ def held_out_starts(ds, ck, n, rng, data_dir):
     ids = unseen_episodes(ck, data_dir, ranges)[0] or list(range(len(ranges)))  # (val_frac 0: no held-out episode)
     pick = [ranges[ids[j]] for j in rng.integers(0, len(ids), n)]
     return np.stack([np.asarray(ds['frames'][rng.integers(s, e)]) for s, e in pick])
-
-
-def score(pred_u8, true_u8, lp, extra=None):
-    """Per-frame metrics of uint8 frames (N, S, S, 3) -> dict of (N,) numpy arrays (None: not measured).
-    extra(pred_u8, true_u8) -> {name: (N,) array}: a task's own scores (pusht.physics), added as they are."""
-    x = torch.from_numpy(pred_u8).permute(0, 3, 1, 2).float() / 255
-    y = torch.from_numpy(true_u8).permute(0, 3, 1, 2).float() / 255
-    r = {'mse': Mx.mse(x, y).numpy(), 'ssim': Mx.ssim(x, y).numpy(), 'uiqi': Mx.uiqi(x, y).numpy()}
-    r['lpips'] = Mx.lpips_distance(lp, x, y).numpy() if lp is not None else None
-    r.update(extra(pred_u8, true_u8) if extra is not None else {})
-    return r
-
-
-def summarise(r, E, H):
-    """Per-frame scores (E*H,) -> (means, per-step curves (H,)). PSNR is 10 log10(1 / MSE) of the MSE
-    averaged first (over all frames, or over the episodes at a step): a per-frame PSNR is infinite on
-    a frame predicted exactly, and averaging capped values (say 100 dB) would reward a baseline for
-    the frames it gets exactly right rather than for its error."""
-    mean = {k: (None if v is None else float(v.mean())) for k, v in r.items()}
-    curves = {k: (None if v is None else v.reshape(E, H).mean(0).round(6).tolist()) for k, v in r.items()}  # (E*H,) -> (E, H) -> (H,)
-    mean['psnr'] = float(Mx.psnr_from_mse(r['mse'].mean()))
-    curves['psnr'] = Mx.psnr_from_mse(r['mse'].reshape(E, H).mean(0)).round(4).tolist()
-    return mean, curves
-
-
-def write_video(path, true_u8, pred_u8, fps=10, scale=3):
-    """Animated GIF, one row per episode: truth | prediction | |error| (amplified x2)."""
-    from PIL import Image
-    err = np.clip(np.abs(true_u8.astype(np.int16) - pred_u8.astype(np.int16)) * 2, 0, 255).astype(np.uint8)
-    row = np.concatenate([true_u8, pred_u8, err], axis=3)  # (E, H, S, 3S, 3)
-    grid = np.concatenate(list(row), axis=1)  # (H, E*S, 3S, 3)
-    frames = [Image.fromarray(g).resize((g.shape[1] * scale, g.shape[0] * scale), Image.NEAREST) for g in grid]
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
 
 
 def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
@@ -194,11 +151,9 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
         raise SystemExit(f"no {'held-out ' if own_data else ''}episode of {data_dir!r} is longer than horizon {H}")
     eps = val_ids[:cfg['num_episodes']]
     print(f"rolling out {len(eps)} {'held-out' if own_data else 'test-set'} episodes x {H} steps: window {W}, context level {cfg['ctx_level']}, "
-          f"dynamics jumps {cfg['dyn_steps'] or ck['config'].get('dyn_steps', 1)}, decoder "
-          f"{'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}"
-          f"{', each shown frame re-encoded into the context' if cfg['reencode'] else ''}")
+          f"decoder {'deterministic (one pass)' if dec.deterministic else 'steps ' + str(cfg['decode_steps'])}, seed {cfg['seed']}")
 
-    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'], cfg['reencode'], cfg['dyn_steps'])
+    sim = Simulator(dyn, enc, dec, ck, W, cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     true = np.stack([np.asarray(ds['frames'][ranges[i][0]:ranges[i][0] + H + 1]) for i in eps])  # (E, H+1, S, S, 3)
     acts = np.stack([np.asarray(ds['actions'][ranges[i][0]:ranges[i][0] + H]) for i in eps])  # (E, H, A)
     t0 = time.time()
@@ -211,13 +166,12 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
 
     lp, lp_msg = Mx.load_lpips(cfg['lpips_dir'] or None)
     print(f"LPIPS: {'AlexNet weights loaded' if lp is not None else lp_msg}")
-    E = len(eps)
-    keys = METRICS + tuple(extra_keys)
+    E, keys = len(eps), METRICS + tuple(extra_keys)
     tgt = true[:, 1:].reshape(E * H, S, S, 3)  # (E*H, S, S, 3)
     copy = np.repeat(true[:, :1], H, axis=1).reshape(E * H, S, S, 3)  # the first frame, held
     res = {}
     for name, frames in (('model', pred.reshape(E * H, S, S, 3)), ('copy_baseline', copy)):
-        mean, curves = summarise(score(frames, tgt, lp, extra_score), E, H)
+        mean, curves = Mx.summarise(Mx.score_frames(frames, tgt, lp, extra_score), E, H)
         res[name] = {k: mean.get(k) for k in keys} | {'curves': {k: curves.get(k) for k in keys}}
 
     # live-loop speed: batch 1, dynamics + decoder, after warm-up
@@ -232,7 +186,7 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
 
     out = {'model': res['model'], 'copy_baseline': res['copy_baseline'], 'fps': fps, 'horizon': H,
            'num_episodes': E, 'data_dir': os.path.abspath(data_dir), 'episodes': [int(i) for i in eps], 'lpips_status': lp_msg if lp is None else 'ok',
-           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W, 'reencode': sim.reencode, 'dyn_steps': sim.dyn_steps},
+           'knobs': {k: cfg[k] for k in ('window', 'ctx_level', 'decode_steps', 'seed')} | {'window': W},
            'ckpt': os.path.abspath(cfg['ckpt']), 'device': dev}
     out.update(Mx.fid_fvd(pred, true[:, 1:], cfg['fid_weights'] or None, cfg['fvd_weights'] or None, device=dev))
     print(f"FID: {out['fid_status'] if out['fid'] is None else round(out['fid'], 2)}; "
@@ -241,7 +195,8 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
     with open(os.path.join(cfg['out_dir'], 'metrics.json'), 'w') as f:
         json.dump(out, f, indent=1)
     Mx.write_curves(cfg['out_dir'], {n: res[n]['curves'] for n in ('model', 'copy_baseline')}, panels)  # curves.csv/.png
-    write_video(os.path.join(cfg['out_dir'], 'rollout.gif'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
+    Mx.write_video(os.path.join(cfg['out_dir'], 'rollout.gif'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
+    Mx.write_strip(os.path.join(cfg['out_dir'], 'rollout.png'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
 
     print(f"\n{'metric':>14} {'model':>10} {'copy-first':>10}")
     for k in keys:

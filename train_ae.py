@@ -4,11 +4,10 @@ loss only (Wang et al. 2026, arXiv 2603.08546, sec. on the autoencoder).
 
     python train_ae.py config/ae_pusht_cpu.py --data_dir=data/pusht64 --out_dir=out/ae --max_iters=3000
 
---finetune=True runs the optional decoder fine-tune on an existing checkpoint (out_dir/ckpt.pt or
---init_ckpt=): encoder frozen, t = 999, s from the interior points of the sampling schedule, small
-Gaussian noise on z so the decoder tolerates imperfect predicted latents, lr x 0.1; it writes
-out_dir/ckpt_finetune.pt. With --decoder_type=deterministic it instead trains, from scratch on the
-frozen encoder, the ablation's plain decoder (one pass from a zero image, MSE) into ckpt_deterministic.pt.
+--decoder_type=deterministic trains, from scratch on the frozen encoder of a finished stage-1 checkpoint
+(out_dir/ckpt.pt or --init_ckpt=), a plain deterministic decoder (the same UNet, one pass from a zero image,
+MSE) into out_dir/ckpt_deterministic.pt; stage 1's checkpoint is only read. Not the paper's decoder: the
+Push-T CPU recipe uses it because on Push-T it scores better and runs faster (EXPERIMENTS.md).
 
 Several GPUs (or CPU processes, gloo): torchrun --standalone --nproc_per_node=N train_ae.py ...
 Global batch per optimizer step = batch_size * grad_accum * N (batch_size is per micro-batch and rank).
@@ -25,18 +24,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data as D
 import metrics as Mx
 import model as M
-from common import (all_gather, check_compatible, check_finite_weights, check_out_dir, checkpoint_bytes,
-                    config_from_globals, ddp_cleanup, ddp_setup, ddp_sync, fingerprint, keep_copy, load_checkpoint,
+from common import (all_gather, check_compatible, check_finite_weights, check_out_dir, checkpoint_bytes, dataset_fingerprint,
+                    config_from_globals, ddp_cleanup, ddp_setup, ddp_sync, fingerprint, keep_copy, load_checkpoint, lr_at,
                     rng_state, save_checkpoint, save_grid, seed_streams, set_rng_state)
 
 # ---------------------------------------------------------------------------- defaults
 data_dir = 'data/pusht64'
 out_dir = 'out/ae'
-init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
-finetune = False  # decoder fine-tune on out_dir/ckpt.pt (stage 3 of the reference)
-decoder_type = 'consistency'  # or 'deterministic': the ablation's plain decoder (one pass, MSE); with
-# finetune=True it is trained from scratch on the frozen encoder of init_ckpt into out_dir/ckpt_deterministic.pt
-init_ckpt = ''  # the stage-1 checkpoint a fine-tune starts from; '' = out_dir/ckpt.pt
+init_from = 'scratch'  # 'scratch' or 'resume' (from the checkpoint this run writes)
+decoder_type = 'consistency'  # the paper's; or 'deterministic': a plain decoder (one pass, MSE) trained on the frozen
+                              # encoder of init_ckpt, written to out_dir/ckpt_deterministic.pt
+init_ckpt = ''  # the stage-1 checkpoint whose encoder a deterministic decoder is trained on; '' = out_dir/ckpt.pt
 val_frac = 0.1  # share of episodes held out (by episode, so no clip straddles the split)
 split_seed = 0  # stage 2 must use the same split, so its held-out episodes stay unseen by both stages
 # model (model.Encoder / model.Decoder)
@@ -51,7 +49,6 @@ decode_steps = 3  # K jumps from noise to image at sampling time
 snr_gamma = 5.0  # gamma of the loss weight min(SNR, gamma) / SNR: near-clean levels do not dominate (model.decoder_loss)
 both_terms = False  # True: both loss terms for every sample (2 passes); False: one at random
 p_sched = 0.5  # fraction of samples whose (t, s) is a consecutive pair of the K-jump sampling path
-ft_z_noise = 0.02  # fine-tune: std of Gaussian noise added to z
 # optimisation
 batch_size = 16  # per micro-batch and rank: global batch = batch_size * grad_accum * world_size
 grad_accum = 1  # micro-batches per rank per optimizer step
@@ -67,10 +64,8 @@ eval_interval = 500  # validation reconstruction, sample grid and checkpoint eve
 eval_frames = 64  # held-out frames reconstructed at each evaluation
 ckpt_interval = 0  # write the latest checkpoint every this many iters (0 = eval_interval); evals write it too
 seed = 0
-# 'stream': each rank draws its batches and noise from its own RNG streams (saved in the checkpoint, so
-# a resume is exact); 'micro': every micro-batch reseeds from (seed, iter, global micro-batch index), so
-# a step's global batch is the same however it is split (2 ranks x grad_accum 1 == 1 rank x grad_accum 2)
-sample_seed = 'stream'
+sample_seed = 'stream'  # 'stream': each rank's own RNG streams (in the checkpoint: exact resume); 'micro': each micro-batch
+                        # reseeded from (seed, iter, its global index), so a step is the same however it is split
 debug_nan_at_iter = -1  # test hook: a NaN in rank 0's loss at the step logged as this iter
 device = 'auto'
 compile = False
@@ -91,13 +86,6 @@ def sample_levels(B, rng, K):
     return torch.where(use, pick[:, 0], t), torch.where(use, pick[:, 1], s)
 
 
-def finetune_levels(B, rng, K):
-    """Fine-tune: t = 999 and s from the interior points of the sampling path (s = 1 if K = 1)."""
-    interior = M.sample_schedule(K)[1:-1] or [1]
-    s = torch.tensor(interior)[torch.randint(len(interior), (B,), generator=rng)]
-    return torch.full((B,), M.T_STEPS - 1), s
-
-
 @torch.no_grad()
 def evaluate(enc, dec, frames_u8, abar, dev, K, gen_seed=0):
     """Reconstruction of fixed validation frames: encode, decode in K jumps (fixed noise seed)."""
@@ -106,8 +94,7 @@ def evaluate(enc, dec, frames_u8, abar, dev, K, gen_seed=0):
     g = torch.Generator().manual_seed(gen_seed)
     recon = torch.cat([M.decode(dec, enc(x[i:i + 32]), K, abar, x.shape[-1], g) for i in range(0, len(x), 32)])
     a, b = (recon + 1) / 2, (x + 1) / 2  # [-1, 1] -> [0, 1]: the metrics' data range 1
-    enc.train(), dec.train()
-    # PSNR of the mean MSE (metrics.psnr: a mean of per-frame PSNRs would reward exactly copied frames)
+    enc.train(), dec.train()  # PSNR of the mean MSE, as metrics.summarise
     return float(Mx.psnr_from_mse(Mx.mse(a, b).mean().item())), Mx.ssim(a, b).mean().item(), recon
 
 
@@ -119,21 +106,19 @@ def main():
     master = rank == 0  # only rank 0 logs, evaluates and writes checkpoints
     if sample_seed not in ('stream', 'micro') or grad_accum < 1:
         raise SystemExit(f"sample_seed must be 'stream' or 'micro' (got {sample_seed!r}), grad_accum >= 1 (got {grad_accum})")
-    if init_from not in ('scratch', 'resume'):  # a typo must not silently start over
-        raise SystemExit(f"init_from must be 'scratch' or 'resume' (got {init_from!r})")
-    ckpt_path = init_ckpt or os.path.join(out_dir, 'ckpt.pt')
-    # the fine-tune reads the stage-1 checkpoint and writes its own, so the original is never lost
-    if decoder_type not in ('consistency', 'deterministic'):
-        raise SystemExit(f"decoder_type must be 'consistency' or 'deterministic', got {decoder_type!r}")
-    det = decoder_type == 'deterministic'
-    save_path = os.path.join(out_dir, ('ckpt_deterministic.pt' if det else 'ckpt_finetune.pt') if finetune else 'ckpt.pt')
+    if init_from not in ('scratch', 'resume') or decoder_type not in ('consistency', 'deterministic'):  # no typo starts over
+        raise SystemExit(f"init_from must be 'scratch' or 'resume' (got {init_from!r}); decoder_type 'consistency' or "
+                         f"'deterministic' (got {decoder_type!r})")
+    det = decoder_type == 'deterministic'  # a deterministic decoder reads stage 1's checkpoint and writes its own
+    stage1_path = init_ckpt or os.path.join(out_dir, 'ckpt.pt')
+    save_path = os.path.join(out_dir, 'ckpt_deterministic.pt' if det else 'ckpt.pt')
     best_path = save_path[:-len('.pt')] + '_best.pt'
 
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     enc = M.Encoder(enc_ch, latent_ch).to(dev)
     dec = M.Decoder(dec_ch, dec_attn, latent_ch, emb_dim, heads, det).to(dev)
     # room for the latest, the best and one being written; checked before any data is read
-    est = checkpoint_bytes([dec], [enc]) if finetune else checkpoint_bytes([enc, dec])
+    est = checkpoint_bytes([dec], [enc]) if det else checkpoint_bytes([enc, dec])
     check_out_dir(out_dir, 3 * est, rank)
 
     ds = D.load_dataset(data_dir)
@@ -153,26 +138,24 @@ def main():
 
     abar = M.sigmoid_alpha_bar().to(dev)
     it, best, last_val = 0, -1.0, None
-    run_cfg = dict(config)
     ck = None
-    if init_from == 'resume' or finetune:
-        src = save_path if init_from == 'resume' else ckpt_path
+    if init_from == 'resume' or det:  # a resume reads what this run wrote; a deterministic decoder, stage 1's encoder
+        src = save_path if init_from == 'resume' else stage1_path
         ck = load_checkpoint(src, expect_kind='ae')
         keys, extra = ARCH_KEYS, []
         if init_from == 'resume':  # a resume must continue the same run: same stage, data and split too
             d = ck['data']
-            keys = ARCH_KEYS + ('finetune', 'decoder_type')
-            extra = [('data_dir', d['data_dir'], os.path.abspath(data_dir)), ('image_size', d['image_size'], S),
+            keys = ARCH_KEYS + ('decoder_type',)
+            extra = [('data (episodes and actions)', d.get('fingerprint'), dataset_fingerprint(ds)), ('image_size', d['image_size'], S),
                      ('train_ids', d['train_ids'], train_ids), ('val_ids', d['val_ids'], val_ids)]
         check_compatible(src, ck['config'], config, keys, extra)
         enc.load_state_dict(ck['encoder'])
-        if not (finetune and det and init_from != 'resume'):  # the deterministic decoder starts from scratch
+        if init_from == 'resume':  # (a new deterministic decoder starts from scratch)
             dec.load_state_dict(ck['decoder'])
-    if finetune:
+    if det:
         enc.requires_grad_(False)
-    params = list(dec.parameters()) + ([] if finetune else list(enc.parameters()))
-    base_lr = lr * (0.1 if finetune and not det else 1.0)
-    opt = torch.optim.AdamW(params, lr=base_lr, weight_decay=weight_decay)
+    params = list(dec.parameters()) + ([] if det else list(enc.parameters()))
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     np_rng, trng = seed_streams(seed, 0, rank)  # this rank's streams: batch indices, noise levels, noise
     if init_from == 'resume':
         opt.load_state_dict(ck['optimizer'])
@@ -190,7 +173,7 @@ def main():
     if ddp:  # wrap the (compiled) modules; checkpoints always take the raw enc / dec
         ids = [local_rank] if dev.startswith('cuda') else None
         dec_run = DDP(dec_run, device_ids=ids)
-        if not finetune:  # a frozen encoder has no gradients to reduce
+        if not det:  # a frozen encoder has no gradients to reduce
             enc_run = DDP(enc_run, device_ids=ids)
         print(f"rank {rank}/{world}: device {dev}, {grad_accum} micro-batch(es) of {batch_size} per step", flush=True)
     n_micro = grad_accum * world
@@ -198,18 +181,12 @@ def main():
         print(f"encoder {sum(p.numel() for p in enc.parameters())/1e6:.3f}M, decoder {sum(p.numel() for p in dec.parameters())/1e6:.3f}M params, "
               f"device {dev}, world {world}, global batch {batch_size * n_micro} ({batch_size} x {grad_accum} accum x {world} ranks)")
 
-    def get_lr(i):  # linear warmup then cosine to min_lr
-        if i < warmup_iters:
-            return base_lr * (i + 1) / warmup_iters
-        r = min(1.0, (i - warmup_iters) / max(1, max_iters - warmup_iters))
-        return min_lr * (base_lr / lr) + 0.5 * (1 + math.cos(math.pi * r)) * (base_lr - min_lr * (base_lr / lr))
-
     def save(psnr_val, rng_states, improved):
         check_finite_weights([enc, dec], it, save_path)
         save_checkpoint({
             'kind': 'ae', 'encoder': enc.state_dict(), 'decoder': dec.state_dict(), 'optimizer': opt.state_dict(),
-            'iter': it, 'best_psnr': best, 'val_psnr': psnr_val, 'config': run_cfg,
-            'data': {'data_dir': os.path.abspath(data_dir), 'meta': ds['meta'], 'image_size': S,
+            'iter': it, 'best_psnr': best, 'val_psnr': psnr_val, 'config': dict(config),
+            'data': {'data_dir': os.path.abspath(data_dir), 'meta': ds['meta'], 'image_size': S, 'fingerprint': dataset_fingerprint(ds),
                      'train_ids': train_ids, 'val_ids': val_ids, 'action_stats': stats},
             'encoder_fingerprint': fingerprint(enc.state_dict()),
             'rng': rng_states, 'world_size': world,  # rng: one dict of plain data per rank, for an exact resume
@@ -217,11 +194,10 @@ def main():
         if improved:
             keep_copy(save_path, best_path)
 
-    ckpt_every = ckpt_interval or eval_interval
     t0 = time.time()
     while it < max_iters:
         for g in opt.param_groups:
-            g['lr'] = get_lr(it)
+            g['lr'] = lr_at(it, lr, min_lr, warmup_iters, max_iters)
         opt.zero_grad(set_to_none=True)
         tot = torch.zeros(2, device=dev)  # (sum of micro-batch losses, how many were not finite)
         for micro in range(grad_accum):
@@ -235,11 +211,7 @@ def main():
                 if det:
                     loss = M.deterministic_decoder_loss(dec_run, x, z, abar)
                 else:
-                    if finetune:
-                        t, s = finetune_levels(batch_size, trng, decode_steps)
-                        z = M.unit_norm(z + ft_z_noise * torch.randn_like(z))
-                    else:
-                        t, s = sample_levels(batch_size, trng, decode_steps)
+                    t, s = sample_levels(batch_size, trng, decode_steps)
                     loss = M.decoder_loss(dec_run, x, z, t.to(dev), s.to(dev), abar, snr_gamma, both_terms)
                 if it + 1 == debug_nan_at_iter and rank == 0 and micro == 0:
                     loss = loss * float('nan')
@@ -252,19 +224,16 @@ def main():
             dist.all_reduce(tot)  # every rank sees the same numbers, so every rank stops together
         gnorm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float('inf'))
         loss_sum, n_bad, gn = torch.cat([tot, gnorm.reshape(1).to(tot)]).tolist()
-        if n_bad:
-            raise SystemExit(f"iter {it + 1}: decoder loss is not finite (NaN/Inf) on {int(n_bad)} of {n_micro} "
-                             f"micro-batches; stopped before the optimizer step, the last good checkpoint "
+        if n_bad or not math.isfinite(gn):
+            why = f"decoder loss is not finite (NaN/Inf) on {int(n_bad)} of {n_micro} micro-batches" if n_bad else f"gradient norm is {gn}"
+            raise SystemExit(f"iter {it + 1}: {why}; stopped before the optimizer step, the last good checkpoint "
                              f"{save_path!r} is untouched")
-        if not math.isfinite(gn):
-            raise SystemExit(f"iter {it + 1}: gradient norm is {gn} (decoder loss {loss_sum / n_micro:.6g}); stopped "
-                             f"before the optimizer step, the last good checkpoint {save_path!r} is untouched")
         opt.step()
         it += 1
         if master and (it % log_interval == 0 or it == 1):
             dt = (time.time() - t0) / (log_interval if it > 1 else 1)
             t0 = time.time()
-            print(f"iter {it}: loss {loss_sum / n_micro:.7f}, grad norm {gn:.4f}, lr {get_lr(it):.2e}, {dt*1000:.0f} ms/iter", flush=True)
+            print(f"iter {it}: loss {loss_sum / n_micro:.7f}, grad norm {gn:.4f}, lr {lr_at(it, lr, min_lr, warmup_iters, max_iters):.2e}, {dt*1000:.0f} ms/iter", flush=True)
         evaluated = it % eval_interval == 0 or it == max_iters
         improved = False
         if evaluated and master:
@@ -272,7 +241,7 @@ def main():
             improved, best, last_val = p > best, max(best, p), p
             print(f"iter {it}: val recon PSNR {p:.2f} dB, SSIM {ss:.4f} ({'one pass' if det else f'{decode_steps} decoder jumps'}, {len(val_frames)} frames)", flush=True)
             save_grid(os.path.join(out_dir, f'samples_{it:06d}.png'), [val_frames[:8], M.tensor_to_frames(recon[:8])])
-        if evaluated or it % ckpt_every == 0:
+        if evaluated or it % (ckpt_interval or eval_interval) == 0:
             states = all_gather(rng_state(np_rng, trng), ddp)  # a collective: every rank takes part
             if master:
                 save(last_val, states, improved)
