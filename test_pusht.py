@@ -593,9 +593,14 @@ def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, m
     """bench.py --mode=diagnose with a simulator that holds the last real frame it was given: the untouched T
     is then exactly the truth (IoU 1, no drift, latent error 0), the open-loop rollout equals the
     copy-first-frame baseline, and the contact errors equal predicting no change. Any step misalignment
-    between prediction and truth (or a baseline taken from the wrong frame) breaks these equalities."""
+    between prediction and truth (or a baseline taken from the wrong frame) breaks these equalities. The fit
+    rows, with a stand-in loss of 2 on the training episodes and 6 on the held-out one: loss_train 2,
+    loss_unseen 6, ratio 3 (unseen over training: above 1 is memorisation). The real loss's rows:
+    test_bench_fit_rows_of_a_copy_of_the_training_episodes_are_equal."""
     d, ckpt = tiny_world
     dyn, enc, dec, ck = rollout.load_world_model(ckpt, 'cpu')
+    fit_loss = {tuple(ck['data']['train_ids']): (2.0, 0.1), tuple(ck['data']['val_ids']): (6.0, 0.3)}
+    monkeypatch.setattr(bench, 'one_step_loss', lambda dyn, enc, ck, frames, actions, ranges, ids, *a, **k: fit_loss[tuple(ids)])
 
     class HoldSim:  # the Simulator's interface, predicting "nothing moves"
         W, ksteps, abar, gen = 3, 1, ABAR, torch.Generator().manual_seed(0)
@@ -628,7 +633,34 @@ def test_bench_diagnose_scores_a_copy_simulator_as_the_copy_baseline(tmp_path, m
     assert c['angle_err_deg'] == pytest.approx(c['angle_err_deg_no_change'], abs=1e-6)
     assert json.load(open(tmp_path / 'diagnose.json'))['open_loop'][0]['steps'] == [1, 12]
     f = out['fit']  # tiny_world holds out 1 of its 3 episodes
-    assert f['unseen_episodes'] == 1 and f['loss_train'] > 0 and f['ratio'] == pytest.approx(f['loss_unseen'] / f['loss_train'])
+    assert f['unseen_episodes'] == 1 and (f['loss_train'], f['loss_unseen'], f['ratio']) == (2.0, 6.0, 3.0), f
+    assert (f['loss_train_sem'], f['loss_unseen_sem']) == (0.1, 0.3), f
+
+
+def test_bench_fit_rows_of_a_copy_of_the_training_episodes_are_equal(tmp_path, tiny_world):
+    """diagnose's fit table with a test set that is a copy of the model's training episodes (in the same
+    order): the fixed draws of bench.one_step_loss then pick the same windows, levels and noise for both rows,
+    so the 'unseen' loss equals the training loss bit for bit, the ratio is exactly 1, and every episode of
+    the copy counts as unseen. A row read from the held-out episodes, from the other dataset's frames or
+    actions, or with unseeded noise differs."""
+    d, ckpt = tiny_world
+    ck = common.load_checkpoint(ckpt)
+    ds = data.load_dataset(d)
+    ranges = [data.episode_ranges(ds['episode_ends'])[i] for i in ck['data']['train_ids']]
+    copy = str(tmp_path / 'train_copy')
+    data.write_dataset(copy, [np.asarray(ds['frames'][s:e]) for s, e in ranges],
+                       [np.asarray(ds['actions'][s:e]) for s, e in ranges],
+                       {k: ds['meta'][k] for k in ('fps', 'action_low', 'action_high', 'source', 'image_point_dims')})
+    old = torch.get_num_threads()
+    try:
+        out = bench.main(_bench_cfg(tmp_path, '--mode=diagnose', f'--ckpt={ckpt}', f'--data_dir={copy}', '--num_states=1',
+                                    '--num_episodes=1', '--horizon=4', '--contact_len=1', '--fit_batches=3'))
+    finally:
+        torch.set_num_threads(old)
+    f = out['fit']
+    assert f['unseen_episodes'] == len(ranges) == 2 and f['windows'] == 48
+    assert np.isfinite(f['loss_train']) and f['loss_train'] > 0
+    assert f['loss_unseen'] == f['loss_train'] and f['loss_unseen_sem'] == f['loss_train_sem'] and f['ratio'] == 1.0, f
 
 
 def test_one_step_loss_reads_only_the_episodes_it_is_given(tiny_world):
@@ -689,8 +721,8 @@ def test_ablate_trains_its_variants_and_scores_every_row(tmp_path, monkeypatch, 
     assert det['encoder_fingerprint'] == common.load_checkpoint(ck['ae_ckpt'])['encoder_fingerprint']  # frozen
     assert not common.load_checkpoint(str(ab / 'dyn_no_ctx_noise' / 'ckpt.pt'))['config']['ctx_noise']
 
-    # the Push-T CPU recipe's shape: dynamics on the deterministic decoder, here with both stage-2 switches on
-    full = dict(ck, ae_ckpt=det_path, config=dict(ck['config'], ae_ckpt=det_path, dyn_residual=True, own_ctx=0.5))
+    # the Push-T CPU recipe's shape: dynamics on the deterministic decoder, here with own_ctx on too
+    full = dict(ck, ae_ckpt=det_path, config=dict(ck['config'], ae_ckpt=det_path, own_ctx=0.5))
     full_path = str(tmp_path / 'dyn_det' / 'ckpt.pt')
     common.save_checkpoint(full, full_path)
     asked = {}
@@ -705,12 +737,11 @@ def test_ablate_trains_its_variants_and_scores_every_row(tmp_path, monkeypatch, 
     rows = ablate.main(config_from_globals(vars(ablate), [f'--ckpt={full_path}', f'--out_dir={tmp_path / "ablation2"}',
                                                           '--num_episodes=1', '--horizon=3', '--dyn_iters=2', '--windows=()']))
     names = [r['row'] for r in rows]
-    assert len(rows) == 7 and not any('K=1' in n for n in names), names
+    assert len(rows) == 6 and not any('K=1' in n for n in names), names
     cons = [r for r in rows if 'consistency decoder' in r['row']]
     assert len(cons) == 1 and os.path.samefile(cons[0]['change']['ae_ckpt'], ck['ae_ckpt'])
-    assert sorted(asked) == ['dyn_no_ctx_noise', 'dyn_no_own_ctx', 'dyn_no_residual']
-    for variant, key, off in (('no_ctx_noise', 'ctx_noise', False), ('no_residual', 'dyn_residual', False),
-                              ('no_own_ctx', 'own_ctx', 0.0)):
+    assert sorted(asked) == ['dyn_no_ctx_noise', 'dyn_no_own_ctx']
+    for variant, key, off in (('no_ctx_noise', 'ctx_noise', False), ('no_own_ctx', 'own_ctx', 0.0)):
         c = asked['dyn_' + variant]
         changed = {k for k, v in full['config'].items() if c.get(k, v) != v}
         assert c[key] == off and changed <= {key, 'out_dir', 'max_iters', 'device'}, (variant, changed)
@@ -725,36 +756,80 @@ def _bench_cfg(tmp_path, *args):
     return config_from_globals(vars(bench), [f'--out_dir={tmp_path}', '--recipes=tiny', '--threads=1', *args])
 
 
-def test_bench_speed_tiny(tmp_path):
-    """The speed table's FLOP accounting: a frame is one dynamics jump and three decoder jumps; the
-    multi-step row is measured (not estimated) with K + K jumps."""
+class _Clock:
+    """bench's `time` module with a perf_counter that only moves when the test advances it, so the timings
+    bench reports are exact, known numbers; every other name is the real module's."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def _tick_per_call(monkeypatch, clock, cls, seconds):
+    """Every forward pass of cls (a module class) advances clock by seconds, then runs as usual."""
+    fwd = cls.forward
+    monkeypatch.setattr(cls, 'forward', lambda self, *a, **k: (clock.advance(seconds), fwd(self, *a, **k))[1])
+
+
+def test_bench_speed_tiny(tmp_path, monkeypatch):
+    """The speed table's timings and rates against a clock that ticks only when a network runs: 4 ms a
+    dynamics pass, 1 ms a decoder pass (each whatever the batch), and a machine rate of 1000 GFLOP/s.
+    A live frame is then 1 dynamics + 3 decoder jumps = 7 ms (1000/7 FPS at batch 1, twice that at batch 2),
+    the multi-step row K=2 is 2 + 2 passes = 10 ms (100 FPS, a slow-down of 10/7), and the achieved
+    GFLOP/s is the frame's FLOPs at 1000/7 frames a second. A wrong pass count, batch accounting, timed
+    warm-up or inverted ratio gives other numbers. The FLOPs: a frame is one dynamics and three decoder jumps."""
+    clock = _Clock()
+    monkeypatch.setattr(bench, 'time', clock)
+    monkeypatch.setattr(bench, 'matmul_rate', lambda dev, n=0, reps=0: 1e12)
+    _tick_per_call(monkeypatch, clock, M.Dynamics, 0.004)
+    _tick_per_call(monkeypatch, clock, M.Decoder, 0.001)
     old = torch.get_num_threads()
     try:
         out = bench.main(_bench_cfg(tmp_path, '--mode=speed', '--batches=1,2', '--speed_steps=2', '--warmup=1',
-                                    '--multi_steps=2', '--matmul_size=128'))
+                                    '--multi_steps=2'))
     finally:
         torch.set_num_threads(old)
     saved = json.load(open(tmp_path / 'speed.json'))
     assert saved == json.loads(json.dumps(out)) and len(saved['results']) == 1
     r = saved['results'][0]
-    assert r['recipe'] == 'tiny' and r['image_size'] == 16 and set(r['fps_by_batch']) == {'1', '2'}
+    assert r['recipe'] == 'tiny' and r['image_size'] == 16 and saved['matmul_gflops'] == pytest.approx(1000)
     j = r['gflops_per_jump']
     assert r['gflops_per_frame'] == pytest.approx(j['dynamics'] + 3 * j['decoder'], rel=0.01)
-    assert r['achieved_gflops'] == pytest.approx(r['gflops_per_frame'] * r['fps_batch1'], rel=1e-6)
+    assert r['ms_per_jump'] == pytest.approx({'dynamics': 4.0, 'decoder': 1.0}, rel=1e-9)
+    assert {n: v['fps'] for n, v in r['fps_by_batch'].items()} == pytest.approx({'1': 1000 / 7, '2': 2000 / 7}, rel=1e-9)
+    assert not any(v['estimated'] for v in r['fps_by_batch'].values())
+    assert r['fps_batch1'] == pytest.approx(1000 / 7, rel=1e-9)
+    assert r['achieved_gflops'] == pytest.approx(r['gflops_per_frame'] * 1000 / 7, rel=1e-9)
+    assert r['frac_of_matmul_rate'] == pytest.approx(r['gflops_per_frame'] * 1000 / 7 / 1000, rel=1e-9)
     ms = r['multi_step']
     assert ms['jumps'] == 2 and not ms['estimated'] and 'bench._multi_stepper' in ms['how']
-    assert ms['slowdown'] == pytest.approx(r['fps_batch1'] / ms['fps'])
-    assert '| tiny | 16 |' in bench.speed_table(out) and '(2+2)' in bench.speed_table(out)
+    assert ms['fps'] == pytest.approx(100, rel=1e-9) and ms['slowdown'] == pytest.approx(10 / 7, rel=1e-9)
+    table = bench.speed_table(out)
+    assert '| tiny | 16 |' in table and '| 143 | 286 | 100 (2+2) | 1.4x |' in table, table
 
 
 def test_bench_train_times_real_optimizer_steps_with_and_without_bf16(tmp_path, monkeypatch):
     """bench.py --mode=train: every row runs its 2 untimed + train_steps timed optimizer steps of the stage it
-    names (stage 1's loss or stage 2's), under bf16 autocast exactly in the bf16 rows, and writes train.json."""
+    names (stage 1's loss or stage 2's), under bf16 autocast exactly in the bf16 rows, and writes train.json.
+    Its timings against a clock that ticks only in the losses (3 ms stage 1's, 7 ms stage 2's): a row's
+    ms/step is then its loss's 3 or 7 ms, and the two untimed first steps (compile's cost) 6 or 14 ms. Timing
+    the warm-up steps, or dividing by the wrong count, gives other numbers."""
+    clock = _Clock()
+    monkeypatch.setattr(bench, 'time', clock)
     seen = []
-    for name in ('decoder_loss', 'dynamics_loss'):
+    for name, sec in (('decoder_loss', 0.003), ('dynamics_loss', 0.007)):
         orig = getattr(M, name)
-        def rec(*a, _orig=orig, _name=name, **k):
+        def rec(*a, _orig=orig, _name=name, _sec=sec, **k):
             seen.append((_name, torch.is_autocast_enabled('cpu')))
+            clock.advance(_sec)
             return _orig(*a, **k)
         monkeypatch.setattr(M, name, rec)
     steps = []
@@ -762,15 +837,16 @@ def test_bench_train_times_real_optimizer_steps_with_and_without_bf16(tmp_path, 
     monkeypatch.setattr(torch.optim.AdamW, 'step', lambda self, *a, **k: (steps.append(1), orig_step(self, *a, **k))[1])
     old = torch.get_num_threads()
     try:
-        out = bench.main(_bench_cfg(tmp_path, '--mode=train', '--train_steps=1'))
+        out = bench.main(_bench_cfg(tmp_path, '--mode=train', '--train_steps=2'))
     finally:
         torch.set_num_threads(old)
     assert json.load(open(tmp_path / 'train.json')) == json.loads(json.dumps(out))
     assert [(r['stage'], r['kind']) for r in out['results']] == [('ae', 'fp32'), ('ae', 'bf16 autocast'), ('dyn', 'fp32'),
                                                                   ('dyn', 'bf16 autocast')]
-    assert all(r['ms_per_step'] > 0 for r in out['results'])
-    want = [(loss, bf16) for loss in ('decoder_loss', 'dynamics_loss') for bf16 in (False, True) for _ in range(3)]
-    assert seen == want and len(steps) == 12
+    want = [(loss, bf16) for loss in ('decoder_loss', 'dynamics_loss') for bf16 in (False, True) for _ in range(4)]
+    assert seen == want and len(steps) == 16
+    assert [r['ms_per_step'] for r in out['results']] == pytest.approx([3, 3, 7, 7], rel=1e-9)
+    assert [r['first_two_steps_s'] for r in out['results']] == pytest.approx([0.006, 0.006, 0.014, 0.014], rel=1e-6)
 
 
 def test_bench_flops_of_a_frame_and_of_the_multi_step_sampler():
@@ -822,8 +898,6 @@ def test_bench_stability_tiny_and_nan(tmp_path):
         out = bench.main(_bench_cfg(tmp_path, '--mode=stability', '--steps=12', '--report_every=6', '--detect_every=3'))
         assert out['first_nonfinite_step'] is None and out['steps_run'] == 12 and len(out['rows']) == 2
         row = out['rows'][0]
-        for k in ('nonfinite_steps', 'latent_norm', 'latent_change', 'colour_drift', 'agent_found', 'block_found', 'fps'):
-            assert k in row, k
         assert row['steps'] == [1, 6] and row['nonfinite_steps'] == 0 and row['latent_norm'] == pytest.approx(1, abs=1e-4)
         assert json.load(open(tmp_path / 'stability.json'))['rows'][1]['steps'] == [7, 12]
         assert (tmp_path / 'stability.png').exists()
@@ -832,6 +906,62 @@ def test_bench_stability_tiny_and_nan(tmp_path):
         torch.set_num_threads(old)
     assert out['first_nonfinite_step'] == 7 and out['steps_run'] == 10  # stopped after the row with the NaN
     assert out['rows'][0]['nonfinite_steps'] == 0 and out['rows'][1]['nonfinite_steps'] == 3
+
+
+def test_bench_stability_rows_summarise_their_own_steps(tmp_path, monkeypatch):
+    """Each stability row is the mean of its own steps, checked against a scripted simulator whose every
+    output is known. 12 steps, a row every 6, frames segmented every 3rd step (0, 3, 6, 9); each step takes
+    20 ms (50 FPS); step k's latent is (k + 1, 0) at every latent pixel (norm k + 1, so the rows' mean
+    norms are 3.5 and 9.5; squared change from the step before 0.5). The segmented frames are a gym-pusht
+    frame (agent and T found), a white one (neither), the same frame with its agent erased (the T only) and
+    the gym-pusht frame again; every other step shows the start frame back (no colour drift). A row that
+    reads the wrong latent, segments other steps, mixes the agent and block columns or times the wrong
+    thing gives other numbers."""
+    S = 64
+    clock = _Clock()
+    monkeypatch.setattr(bench, 'time', clock)
+    ck = {'action_dim': 2, 'config': {'window': 3}, 'action_map': None,
+          'data': {'image_size': S, 'action_stats': {'low': [0.0, 0.0], 'high': [512.0, 512.0]}}}
+    monkeypatch.setattr(bench, 'random_world_model', lambda sizes, dev, action_dim=2: (None, None, None, ck))
+    tee, _ = _frames(S, CLEAR_STATES[:1])
+    no_agent = tee.copy()
+    no_agent[pusht.segment_pusht(tee)['agent']] = 255
+    white = np.full_like(tee, 255)
+    shown = {0: tee, 3: white, 6: no_agent, 9: tee}
+
+    class ScriptedSim:
+        W = 3
+
+        def reset(self, f0):
+            self.f0, self.k = np.array(f0), 0
+            self.ctx = torch.zeros(1, self.W - 1, 2, 2, 2)  # (N, W-1, C, h, w): the start latent is 0
+
+        def step(self, a):
+            clock.advance(0.02)
+            z = torch.zeros(1, 2, 2, 2)
+            z[:, 0] = self.k + 1
+            self.ctx = torch.cat([self.ctx[:, 1:], z[:, None]], 1)
+            frame = shown.get(self.k, self.f0)
+            self.k += 1
+            return frame
+    sim = ScriptedSim()
+    monkeypatch.setattr(bench, 'make_sim', lambda *a, **k: sim)
+    out = bench.main(_bench_cfg(tmp_path, '--mode=stability', '--steps=12', '--report_every=6', '--detect_every=3'))
+    assert out['steps_run'] == 12 and out['first_nonfinite_step'] is None and out['image_size'] == S and out['window'] == 3
+    r1, r2 = out['rows']
+    # colour drift: how far a frame's mean colour is from the start frame's (0 for the start frame shown back)
+    mean0 = sim.f0.reshape(-1, 3).astype(np.float64).mean(0)
+    drift = {k: float(np.linalg.norm(f.reshape(-1, 3).mean(0) - mean0)) for k, f in shown.items()}
+    shape = {k: float(pusht.block_shape_iou(f)[0]) for k, f in shown.items()}
+    want1 = {'nonfinite_steps': 0, 'latent_norm': 3.5, 'latent_change': 0.5,
+             'colour_drift': (drift[0] + drift[3]) / 6, 'colour_drift_max': max(drift[0], drift[3]),
+             'agent_found': 0.5, 'block_found': 0.5, 'block_shape_iou': shape[0] / 2, 'fps': 50.0}
+    want2 = {'nonfinite_steps': 0, 'latent_norm': 9.5, 'latent_change': 0.5,
+             'colour_drift': (drift[6] + drift[9]) / 6, 'colour_drift_max': max(drift[6], drift[9]),
+             'agent_found': 0.5, 'block_found': 1.0, 'block_shape_iou': (shape[6] + shape[9]) / 2, 'fps': 50.0}
+    assert r1.pop('steps') == [1, 6] and r2.pop('steps') == [7, 12]
+    assert r1 == pytest.approx(want1, rel=1e-9) and r2 == pytest.approx(want2, rel=1e-9), (r1, r2)
+    assert shape[0] > 0.75 and drift[3] > 50  # the frames really are a T and a white screen
 
 
 def test_bench_smooth_actions_are_smooth_travel_and_start_at_the_agent():
@@ -865,3 +995,4 @@ def test_write_curves_with_the_push_t_panels(tmp_path):
     assert im.shape[0] >= 400 and im.shape[1] >= 600  # 4 panels, 2 x 2
     assert ((im[..., 2] > 150) & (im[..., 0] < 80)).sum() > 50  # the blue model series is drawn
     assert ((im[..., 0] > 180) & (im[..., 1] < 80)).sum() > 50  # the red copy series too
+
