@@ -208,6 +208,38 @@ def test_learning_rate_schedules_and_the_trainer_follows_them(tmp_path, monkeypa
     assert np.allclose(seen, [0.01, 0.01, 0.01, 0.01, 0.01, 0.0055]), seen
 
 
+def test_export_writes_inference_files_that_roll_out_like_the_checkpoint(tmp_path, monkeypatch):
+    """export.py: the dynamics and its autoencoder as two files without optimizer or RNG state, the autoencoder
+    found beside the dynamics file wherever the folder is moved; a rollout from them equals the checkpoint's,
+    frame for frame. A dynamics checkpoint whose autoencoder file holds another encoder is refused."""
+    import runpy
+    import export
+    d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
+    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o',
+                                      '--max_iters=2', '--eval_interval=2', '--lr=0.01'] + _DDP_DYN)
+    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    export.export(f'{tmp_path}/o/ckpt.pt', str(tmp_path / 'w'), 'm')
+    os.rename(tmp_path / 'w', tmp_path / 'moved')  # the files travel together (a clone elsewhere)
+    for f in ('m_ae.pt', 'm_dyn.pt'):
+        assert not {'optimizer', 'rng'} & set(common.load_checkpoint(str(tmp_path / 'moved' / f)))
+    frames = data.load_dataset(d)['frames'][:2]
+    acts = np.array([[100.0, 400.0], [300.0, 50.0]], np.float32)
+    out = []
+    for path in (f'{tmp_path}/o/ckpt.pt', str(tmp_path / 'moved' / 'm_dyn.pt')):
+        dyn, enc, dec, ck = rollout.load_world_model(path, 'cpu')
+        sim = rollout.Simulator(dyn, enc, dec, ck, seed=3)
+        sim.reset(np.asarray(frames))
+        frames_out = np.stack([sim.step(acts) for _ in range(3)])
+        out.append((frames_out, sim.ctx.clone()))  # frames and the latents behind them (an untrained decoder ignores z)
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    assert torch.equal(out[0][1], out[1][1]) and out[0][1].std() > 0
+    assert json.load(open(tmp_path / 'moved' / 'm.json'))['dynamics']['iter'] == 2
+    other = _ddp_fake_ae(tmp_path / 'other.pt', seed=1)  # another encoder under the checkpoint's ae path
+    os.replace(other, ae)
+    with pytest.raises(SystemExit, match='another encoder'):
+        export.export(f'{tmp_path}/o/ckpt.pt', str(tmp_path / 'w2'), 'm')
+
+
 def test_make_windows_attaches_the_action_that_produced_each_frame():
     """Alignment (data.py's format): action[i] is issued after frame[i] and produces frame[i+1], so a
     window's frame p carries a_{p-1}; at an episode's start the first frame is repeated with 'no action',
@@ -905,9 +937,9 @@ def _ddp_data(path, episodes=3, T=14, S=32):
     return str(path)
 
 
-def _ddp_fake_ae(path, S=32):
+def _ddp_fake_ae(path, S=32, seed=0):
     """A stage-1 checkpoint with untrained tiny nets, written in-process (saves a training run)."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     enc, dec = M.Encoder(8, 4), M.Decoder((8, 16), (False, True), 4, 32, 2)
     cfg = dict(enc_ch=8, dec_ch=(8, 16), dec_attn=(False, True), latent_ch=4, emb_dim=32, heads=2)
     common.save_checkpoint({'kind': 'ae', 'encoder': enc.state_dict(), 'decoder': dec.state_dict(), 'config': cfg,
