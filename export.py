@@ -60,7 +60,8 @@ if __name__ == '__main__':
     os.makedirs(cfg['out_dir'], exist_ok=True)
     if cfg['ae_only']:
         export_ae(cfg['ae_only'], os.path.join(cfg['out_dir'], f"{cfg['name']}_ae.pt"))
-        raise SystemExit(f"wrote {cfg['out_dir']}/{cfg['name']}_ae.pt")
-    a, d, info = export(cfg['ckpt'], cfg['out_dir'], cfg['name'])
-    sizes = ', '.join(f"{p} {os.path.getsize(p) / 2**20:.1f} MiB" for p in (a, d))
-    print(f"wrote {sizes} (dynamics iteration {info['dynamics']['iter']})")
+        print(f"wrote {cfg['out_dir']}/{cfg['name']}_ae.pt")  # (exit status 0: scripts chain on it)
+    else:
+        a, d, info = export(cfg['ckpt'], cfg['out_dir'], cfg['name'])
+        sizes = ', '.join(f"{p} {os.path.getsize(p) / 2**20:.1f} MiB" for p in (a, d))
+        print(f"wrote {sizes} (dynamics iteration {info['dynamics']['iter']})")

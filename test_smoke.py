@@ -238,6 +238,11 @@ def test_export_writes_inference_files_that_roll_out_like_the_checkpoint(tmp_pat
     os.replace(other, ae)
     with pytest.raises(SystemExit, match='another encoder'):
         export.export(f'{tmp_path}/o/ckpt.pt', str(tmp_path / 'w2'), 'm')
+    # --ae_only strips a stage-1 checkpoint and exits 0: config/pusht_long_run.sh chains the next command on it
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'export.py'), f'--ae_only={ae}', f'--out_dir={tmp_path}/s',
+                        '--name=st'], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert 'optimizer' not in common.load_checkpoint(str(tmp_path / 's' / 'st_ae.pt'))
 
 
 def test_make_windows_attaches_the_action_that_produced_each_frame():
