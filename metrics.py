@@ -247,8 +247,9 @@ def write_curves(out_dir, curves_by_name, panels=CURVE_PANELS):
     return csv_path, png_path
 
 
-def _draw_curves(path, panels, pw=360, ph=240):
-    """panels: [(title, [(series name, values), ...])] -> one PNG, panels side by side in rows of 2."""
+def _draw_curves(path, panels, pw=360, ph=240, xticks=None, xname='step'):
+    """panels: [(title, [(series name, values), ...])] -> one PNG, panels side by side in rows of 2. Values are
+    drawn at evenly spaced x; xticks: a label for each of them (default: steps 1..H, five ticks)."""
     from PIL import Image, ImageDraw, ImageFont
     font = ImageFont.load_default()
     n = max(len(panels), 1)
@@ -274,12 +275,12 @@ def _draw_curves(path, panels, pw=360, ph=240):
             yy = y1 - (y1 - y0) * j / 4
             d.line([x0 - 3, yy, x0, yy], fill=(0, 0, 0))
             d.text((ox + 2, yy - 6), f"{v:.3g}", fill=(0, 0, 0), font=font)
-        for j in range(5):  # x ticks: steps 1..H
-            st = 1 + round((H - 1) * j / 4)
-            xx = x0 + (x1 - x0) * (st - 1) / max(H - 1, 1)
+        ticks = list(enumerate(xticks)) if xticks else [(round((H - 1) * j / 4), str(1 + round((H - 1) * j / 4))) for j in range(5)]
+        for i, label in ticks:  # x ticks: steps 1..H, or the given labels
+            xx = x0 + (x1 - x0) * i / max(H - 1, 1)
             d.line([xx, y1, xx, y1 + 3], fill=(0, 0, 0))
-            d.text((xx - 6, y1 + 5), str(st), fill=(0, 0, 0), font=font)
-        d.text((x1 - 30, y1 + 15), 'step', fill=(0, 0, 0), font=font)
+            d.text((xx - 3 * len(label), y1 + 5), label, fill=(0, 0, 0), font=font)
+        d.text((x1 - 6 * len(xname), y1 + 15), xname, fill=(0, 0, 0), font=font)
         for name, s in series:
             if name not in names:
                 names.append(name)

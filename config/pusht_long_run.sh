@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # The long Push-T run behind weights/, resumable across sessions, in one command:
-#   bash config/pusht_long_run.sh train N    # collect 1000 episodes and train stage 1 (once), then stage 2 up to
-#                                            # iteration N, resuming from runs/pusht_long/ckpt.pt if it is there
-#   bash config/pusht_long_run.sh cool C     # a cool-down branch of C iterations from the trunk's latest checkpoint,
-#                                            # exported to weights/ (the shipped model)
-#   bash config/pusht_long_run.sh save       # copy the trunk's resumable state into runs/pusht_long/ (to commit)
-# Threads: OMP_NUM_THREADS as the caller sets it.
+#   bash config/pusht_long_run.sh train N   # collect 1000 episodes and train stage 1 (once), then the stage-2 trunk up to
+#                                           # iteration N at a constant lr, resuming from runs/pusht_long/ckpt.pt; at each
+#                                           # doubling point P = 3200, 6400, 12800, ... it keeps a snapshot of the trunk,
+#                                           # and with BRANCHES=1 starts `branch P` beside the trunk
+#   bash config/pusht_long_run.sh branch P  # the cool-down branch from the snapshot at P: P/4 more iterations, the lr
+#                                           # falling linearly to min_lr; exported to out/long/curve/itM_* (M = P + P/4):
+#                                           # one point of the scaling curve
+#   bash config/pusht_long_run.sh ship M    # curve point M -> weights/pusht64_{ae,dyn}.pt, .json (the shipped model)
+#   bash config/pusht_long_run.sh save      # the trunk's resumable state -> runs/pusht_long/ckpt.pt (to commit)
+#   bash config/pusht_long_run.sh eval [W]  # the README's measurements of W (default: the shipped weights) on the
+#                                           # 16-episode test set (seed 1000000), under out/long/eval/
+# Extra train_dynamics.py keys in EXTRA (e.g. EXTRA="--device=cuda --bf16=False"); threads as OMP_NUM_THREADS says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-D=data/pusht64_1k R=runs/pusht_long O=out/long
+D=${D:-data/pusht64_1k} R=${R:-runs/pusht_long} O=${O:-out/long} P0=${P0:-3200}  # (D, R, O, P0: for a dry run)
 CPU="config/dyn_pusht_cpu.py config/dyn_pusht_long_run.py"
-mkdir -p "$R" "$O/dyn"
+EXTRA=${EXTRA:-}
+mkdir -p "$R" "$O/dyn" "$O/curve"
+iter_of() { python -c "import common; print(common.load_checkpoint('$1')['iter'])"; }
 case "${1:-}" in
 train)
+  N=${2:?iterations}
   [ -d "$D" ] || python pusht.py --mode=collect --data_dir="$D" --num_episodes=1000 --episode_len=200 --image_size=64
   if [ ! -f "$R/ae.pt" ]; then  # stage 1 and the deterministic decoder, the CPU recipe's, once for the whole run
     python train_ae.py config/ae_pusht_cpu.py --data_dir="$D" --out_dir="$O/ae"
@@ -20,21 +29,51 @@ train)
     python export.py --ae_only="$O/ae/ckpt_deterministic.pt" --out_dir="$R" --name=stage1 && mv "$R/stage1_ae.pt" "$R/ae.pt"
   fi
   if [ ! -f "$O/dyn/ckpt.pt" ] && [ -f "$R/ckpt.pt" ]; then cp "$R/ckpt.pt" "$O/dyn/ckpt.pt"; fi
-  init=scratch; [ -f "$O/dyn/ckpt.pt" ] && init=resume
-  python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$O/dyn" --init_from=$init --max_iters="${2:?iterations}"
+  it=0; [ -f "$O/dyn/ckpt.pt" ] && it=$(iter_of "$O/dyn/ckpt.pt")
+  P=$P0
+  while [ "$it" -lt "$N" ]; do  # the trunk in segments that end at the doubling points
+    T=$(( P < N ? P : N ))
+    if [ "$it" -lt "$T" ]; then
+      init=scratch; [ -f "$O/dyn/ckpt.pt" ] && init=resume
+      python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$O/dyn" --init_from=$init --max_iters=$T $EXTRA
+      it=$(iter_of "$O/dyn/ckpt.pt")
+    fi
+    if [ "$it" -eq "$P" ] && [ ! -f "$O/dyn/trunk_$P.pt" ]; then
+      cp "$O/dyn/ckpt.pt" "$O/dyn/trunk_$P.pt"
+      if [ "${BRANCHES:-0}" = 1 ]; then bash "$0" branch "$P" > "$O/branch_$P.log" 2>&1 & fi
+    fi
+    P=$((P * 2))
+  done
+  wait
   ;;
-cool)
-  C=${2:?cool-down iterations}
-  it=$(python -c "import common; print(common.load_checkpoint('$O/dyn/ckpt.pt')['iter'])")
-  B="$O/cool_$it"; mkdir -p "$B"
-  cp "$O/dyn/ckpt.pt" "$B/ckpt.pt"; cp "$O/dyn/latents.npy" "$O/dyn/latents.npy.json" "$B/" 2>/dev/null || true
+branch)
+  P=${2:?doubling point} B="$O/branch_$2"; C=$((P / 4))
+  mkdir -p "$B"; cp "$O/dyn/trunk_$P.pt" "$B/ckpt.pt"
+  ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"  # the trunk's encoded data
   python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$B" --init_from=resume \
-      --max_iters=$((it + C)) --cooldown_iters="$C"
-  python export.py --ckpt="$B/ckpt.pt" --out_dir=weights --name=pusht64
+      --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
+  python export.py --ckpt="$B/ckpt.pt" --out_dir="$O/curve" --name="it$((P + C))"
+  ;;
+ship)
+  M=${2:?curve point}
+  mkdir -p weights
+  for f in ae.pt dyn.pt .json; do cp "$O/curve/it${M}_$f" "weights/pusht64_$f" 2>/dev/null || cp "$O/curve/it${M}$f" "weights/pusht64$f"; done
+  python - <<PY
+import json, torch
+d = torch.load('weights/pusht64_dyn.pt', weights_only=True); d['ae_ckpt'] = 'pusht64_ae.pt'
+torch.save(d, 'weights/pusht64_dyn.pt.tmp'); import os; os.replace('weights/pusht64_dyn.pt.tmp', 'weights/pusht64_dyn.pt')
+PY
   ;;
 save)
   cp "$O/dyn/ckpt.pt" "$R/ckpt.pt.tmp" && mv "$R/ckpt.pt.tmp" "$R/ckpt.pt"
-  python -c "import common; print('runs/pusht_long/ckpt.pt: iteration', common.load_checkpoint('$R/ckpt.pt')['iter'])"
+  echo "runs/pusht_long/ckpt.pt: iteration $(iter_of "$R/ckpt.pt")"
   ;;
-*) echo "usage: bash config/pusht_long_run.sh train N | cool C | save"; exit 2;;
+eval)
+  W=${2:-weights/pusht64_dyn.pt} E=$O/eval T=data/pusht64_test
+  [ -d "$T" ] || python pusht.py --mode=collect --data_dir="$T" --num_episodes=16 --episode_len=200 --image_size=64 --seed=1000000
+  python pusht.py --mode=eval --ckpt="$W" --data_dir="$T" --num_episodes=16 --horizon=192 --out_dir="$E/eval"
+  python pusht.py --mode=policy_eval --ckpt="$W" --num_states=20 --steps=60 --out_dir="$E/policy_eval"
+  python bench.py --mode=stability --ckpt="$W" --data_dir="$T" --steps=9000 --out_dir="$E/stability"
+  ;;
+*) echo "usage: bash config/pusht_long_run.sh train N | branch P | ship M | save | eval [CKPT]"; exit 2;;
 esac
