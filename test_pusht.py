@@ -996,3 +996,81 @@ def test_write_curves_with_the_push_t_panels(tmp_path):
     assert ((im[..., 2] > 150) & (im[..., 0] < 80)).sum() > 50  # the blue model series is drawn
     assert ((im[..., 0] > 180) & (im[..., 1] < 80)).sum() > 50  # the red copy series too
 
+
+# ------------------------------------------------------------------------------------------ shipped weights
+
+SHIPPED = os.path.join(ROOT, 'weights', 'pusht64_dyn.pt')
+
+
+def _shipped_rollout(dyn, enc, dec, ck, E=4, H=32, seed=777):
+    """E fresh gym-pusht start states (sample_states(seed): no training run collected them) x 2 policies: 'push'
+    (walks round the T and pushes it) and 'hold' (the agent stays put, the T is never touched), H steps in
+    gym-pusht; then the same actions open loop in the model from the same first frames.
+    -> true (2E, H+1, S, S, 3), pred (2E, H, S, S, 3); rows 0..E-1 push, E..2E-1 hold."""
+    S = ck['data']['image_size']
+    real = pusht.RealSim(np.concatenate([pusht.sample_states(E, seed)] * 2), S)
+    true = []
+    _, acts, _, _ = pusht.run_policies(['push', 'hold'], real.first[:E], H, real.step, 0, on_step=lambda t, f, e: true.append(f))
+    true = np.stack(true, 1)
+    sim = rollout.Simulator(dyn, enc, dec, ck, seed=0)
+    sim.reset(true[:, 0])
+    return true, np.stack([sim.step(acts[:, k]) for k in range(H)], 1)
+
+
+def test_shipped_weights_track_the_agent_keep_the_T_and_push_it():
+    """The shipped model (weights/, README) on fresh episodes: the agent is tracked (mean error <= 1 px, pushing and
+    holding; copying the first frame is ~20 px off), an untouched T keeps its place and shape ('hold': block IoU
+    >= 0.75 on average and >= 0.6 at every step, centroid within 1.5 px), and a pushed T moves the right way (on the
+    steps where the true T has moved >= 3 px, the predicted centroid is well closer to the truth than the unmoved T
+    is). Each assertion was checked by breaking the code on purpose: a sampler whose window never takes in its
+    predictions (agent 3.1 px, centroid ratio 0.99), the action map's x read from y (agent 11.5 px), the encoder
+    given BGR frames (agent 2.4 px), the decoder given another row's latent (agent 20 px, hold IoU 0.11); the
+    shipped model: agent 0.22 / 0.04 px, hold IoU 0.86 (min 0.74), centroid ratio 0.32 (2026-12-04)."""
+    assert os.path.isfile(SHIPPED), f"{SHIPPED} is missing: the shipped weights are part of the repository"
+    dyn, enc, dec, ck = rollout.load_world_model(SHIPPED, 'cpu')
+    true, pred = _shipped_rollout(dyn, enc, dec, ck)
+    E, H, S = len(true) // 2, pred.shape[1], pred.shape[2]
+    flat = lambda x: x.reshape(-1, S, S, 3)
+    model = {k: v.reshape(2 * E, H) for k, v in pusht.physics(flat(pred), flat(true[:, 1:])).items()}
+    copy = {k: v.reshape(2 * E, H) for k, v in pusht.physics(flat(np.repeat(true[:, :1], H, 1)), flat(true[:, 1:])).items()}
+    agent, hold_agent = model['agent_err_px'][:E].mean(), model['agent_err_px'][E:].mean()
+    assert agent <= 1.0 and hold_agent <= 1.0 and copy['agent_err_px'][:E].mean() > 10 * agent, (agent, hold_agent)
+    iou = model['block_iou'][E:]  # (E, H) the untouched T
+    assert iou.mean() >= 0.75 and iou.min() >= 0.6, iou.min(1)
+    assert model['block_centroid_err_px'][E:].mean() <= 1.5, model['block_centroid_err_px'][E:].mean(1)
+    moved = copy['block_centroid_err_px'][:E] >= 3.0  # (E, H): steps where the pushed T is >= 3 px from its start
+    assert moved.sum() >= 20, moved.sum(1)  # the pushes really move the T in these episodes
+    m, c = model['block_centroid_err_px'][:E][moved].mean(), copy['block_centroid_err_px'][:E][moved].mean()
+    assert m < 0.6 * c, (m, c)
+
+
+def test_curve_tabulates_each_point_from_its_scores(tmp_path):
+    """curve.py: one row per exported point (in iteration order, not file order), IoU over steps 1-32 the mean of
+    the first 32 steps of the per-step curve, the stability column the worst row, the policy gap the largest
+    |real - model| coverage; the copy baseline's row; scores already on disk are read, not recomputed."""
+    import curve
+    cd, od = tmp_path / 'curve', tmp_path / 'eval'
+    cd.mkdir()
+    for it, iou in ((16000, 0.5), (4000, 0.2)):  # placeholders: every score below is on disk already
+        (cd / f'it{it}_dyn.pt').write_bytes(b'')
+        for part in ('eval', 'policy_eval', 'stability'):
+            os.makedirs(od / f'it{it}' / part)
+        m = {k: 1.0 for k in ('mse', 'psnr', 'ssim', 'agent_err_px', 'block_centroid_err_px', 'block_angle_err_deg')}
+        curves = [iou] * 32 + [0.0] * 160  # steps 1-32 at iou, the rest at 0
+        json.dump({'model': {**m, 'block_iou': iou / 6, 'curves': {'block_iou': curves}},
+                   'copy_baseline': {**m, 'block_iou': 0.1, 'curves': {'block_iou': [0.3] * 192}}},
+                  open(od / f'it{it}' / 'eval' / 'metrics.json', 'w'))
+        json.dump({'correlation': {'coverage': {'pearson': 0.9, 'spearman': 0.8}},
+                   'policies': [{'real_coverage': 0.5, 'model_coverage': 0.5 + iou}, {'real_coverage': 0.2, 'model_coverage': 0.1}]},
+                  open(od / f'it{it}' / 'policy_eval' / 'policy_eval.json', 'w'))
+        json.dump({'rows': [{'block_shape_iou': 0.9}, {'block_shape_iou': iou}]}, open(od / f'it{it}' / 'stability' / 'stability.json', 'w'))
+    rows = curve.main({'curve_dir': str(cd), 'data_dir': str(tmp_path), 'out_dir': str(od), 'num_episodes': 16, 'horizon': 192,
+                       'num_states': 20, 'policy_steps': 60, 'stability_steps': 9000, 'skip': ''})
+    assert [r['iters'] for r in rows] == [4000, 16000]
+    assert [round(r['iou32'], 6) for r in rows] == [0.2, 0.5] and [round(r['block_iou'], 6) for r in rows] == [round(0.2 / 6, 6), round(0.5 / 6, 6)]
+    assert [r['shape_min'] for r in rows] == [0.2, 0.5] and [round(r['gap'], 6) for r in rows] == [0.2, 0.5]
+    md = open(od / 'curve.md').read().splitlines()
+    assert len(md) == 5 and md[2].startswith('| 4000 |') and md[4].startswith('| copying the first frame |') and '| 0.300 |' in md[4]
+    assert os.path.getsize(od / 'curve.png') > 1000
+    with pytest.raises(SystemExit, match='no itM_dyn.pt'):
+        curve.main({'curve_dir': str(tmp_path / 'none'), 'data_dir': str(tmp_path), 'out_dir': str(od), 'skip': ''})
