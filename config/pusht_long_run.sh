@@ -7,7 +7,7 @@
 #   bash config/pusht_long_run.sh branch P  # the cool-down branch from the snapshot at P: P/4 more iterations, the lr
 #                                           # falling linearly to min_lr; exported to out/long/curve/itM_* (M = P + P/4):
 #                                           # one point of the scaling curve
-#   bash config/pusht_long_run.sh ship M    # curve point M -> weights/pusht64_{ae,dyn}.pt, .json (the shipped model)
+#   bash config/pusht_long_run.sh ship M    # curve point M (or an exported STEM: STEM_dyn.pt ...) -> weights/pusht64_*
 #   bash config/pusht_long_run.sh save      # the trunk's resumable state -> runs/pusht_long/ckpt.pt (to commit)
 #   bash config/pusht_long_run.sh eval [W]  # the README's measurements of W (default: the shipped weights) on the
 #                                           # 16-episode test set (seed 1000000), under out/long/eval/
@@ -55,13 +55,13 @@ branch)
   python export.py --ckpt="$B/ckpt.pt" --out_dir="$O/curve" --name="it$((P + C))"
   ;;
 ship)
-  M=${2:?curve point}
+  S=${2:?curve point M or an exported stem}; case "$S" in *[!0-9]*) ;; *) S="$O/curve/it$S";; esac
   mkdir -p weights
-  for f in ae.pt dyn.pt .json; do cp "$O/curve/it${M}_$f" "weights/pusht64_$f" 2>/dev/null || cp "$O/curve/it${M}$f" "weights/pusht64$f"; done
+  for f in _ae.pt _dyn.pt .json; do cp "$S$f" "weights/pusht64$f"; done
   python - <<PY
-import json, torch
+import os, torch  # the dynamics file names its autoencoder by file name: the one beside it now
 d = torch.load('weights/pusht64_dyn.pt', weights_only=True); d['ae_ckpt'] = 'pusht64_ae.pt'
-torch.save(d, 'weights/pusht64_dyn.pt.tmp'); import os; os.replace('weights/pusht64_dyn.pt.tmp', 'weights/pusht64_dyn.pt')
+torch.save(d, 'weights/pusht64_dyn.pt.tmp'); os.replace('weights/pusht64_dyn.pt.tmp', 'weights/pusht64_dyn.pt')
 PY
   ;;
 save)
