@@ -370,7 +370,8 @@ def _first_frame(ck, S, data_dir=''):
         ranges = D.episode_ranges(ds['episode_ends'])
         start = ranges[rollout.unseen_episodes(ck, data_dir, ranges)[0][0]][0]
         return np.array(ds['frames'][start:start + 1]), np.array(ds['actions'][start]), 'dataset'  # copies of a read-only memmap
-    except Exception:
+    except Exception as e:
+        print(f"note: no dataset to start from ({e}); a white frame instead. --data_dir=DIR starts from a real one")
         return np.full((1, S, S, 3), 255, np.uint8), None, 'white'
 
 

@@ -403,7 +403,7 @@ def main(cfg):
     torch.manual_seed(cfg['seed'])
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
-    ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
+    ds, _ = rollout.load_data(ck, cfg['data_dir'])
     sim = rollout.Simulator(dyn, enc, dec, ck, cfg['window'], cfg['ctx_level'], cfg['decode_steps'], cfg['seed'])
     srv = make_play_server(cfg, sim, ck, ds)
     print(f"serving the world model at http://{cfg['host']}:{srv.server_address[1]}/ (Ctrl-C to stop); "

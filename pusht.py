@@ -937,7 +937,7 @@ def record_demos(cfg):
     dyn, enc, dec, ck = rollout.load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
     _require_pusht(ck)
     name = _policy_names(cfg['demo_policy'])[0]
-    ds = D.load_dataset(cfg['data_dir'] or ck['data']['data_dir'])
+    ds, _ = rollout.load_data(ck, cfg['data_dir'])
     if os.path.isdir(cfg['record_dir']) and os.listdir(cfg['record_dir']):  # refuse before the rollout, not after
         raise SystemExit(f"{cfg['record_dir']}: folder exists and is not empty; record_demos writes a new dataset there")
     n, H = cfg['num_episodes'], cfg['steps']
@@ -994,8 +994,7 @@ def replay(cfg):
     |difference| of a policy's mean final coverage, the numbers policy_eval reports for a model."""
     ck = load_checkpoint(cfg['ckpt'], expect_kind='dynamics')
     _require_pusht(ck)
-    data_dir = cfg['data_dir'] or ck['data']['data_dir']
-    ds = D.load_dataset(data_dir)
+    ds, data_dir = rollout.load_data(ck, cfg['data_dir'])
     if ds['states'] is None or ds['states'].shape[1] != 5:
         raise SystemExit(f"{data_dir}: replay needs states.npy with gym-pusht's 5 numbers per frame (pusht.py --mode=collect writes it)")
     try:

@@ -53,10 +53,8 @@ def load_world_model(ckpt_path, dev, ae_path=''):
     ck = load_checkpoint(ckpt_path, expect_kind='dynamics')
     c = ck['config']
     gone = [k for k, off in (('dyn_residual', False), ('dyn_steps', 1), ('ema_decay', 0.0)) if c.get(k, off) != off]
-    if 'action_map' not in ck or gone:
-        raise SystemExit(f"checkpoint {ckpt_path!r} was written by an older train_dynamics.py"
-                         f"{' with options this version no longer has: ' + ', '.join(gone) if gone else ''}; "
-                         f"train stage 2 again (EXPERIMENTS.md says which commit had them)")
+    if 'action_map' not in ck or gone:  # (EXPERIMENTS.md says which commit had the options that are gone)
+        raise SystemExit(f"checkpoint {ckpt_path!r} was written by an older train_dynamics.py {gone or ''}; train stage 2 again")
     ck['ae_ckpt'] = ae_path or os.path.join(os.path.dirname(ckpt_path), ck['ae_ckpt'])  # exported: a file beside it
     enc, dec, ae, _ = load_autoencoder(ck['ae_ckpt'], dev, ck['encoder_fingerprint'])
     dyn = M.Dynamics(ck['latent_shape'][0], c['dyn_ch'], c['dyn_depth'], ck['action_dim'], c['dyn_emb'], c['dyn_heads'],
@@ -115,10 +113,19 @@ class Simulator:
 
 
 def unseen_episodes(ck, data_dir, ranges):
-    """Episode ids of the dataset at data_dir that the checkpoint never trained on: its held-out ones when
-    it is the training data, every episode of any other dataset (a test set). -> (ids, is_training_data)"""
+    """Episodes of data_dir the checkpoint never trained on: its held-out ones, or all of a test set. -> (ids, own data?)"""
     own = os.path.abspath(data_dir) == os.path.abspath(ck['data']['data_dir'])
     return [i for i in (ck['data']['val_ids'] if own else range(len(ranges))) if i < len(ranges)], own
+
+
+def load_data(ck, data_dir=''):
+    """-> (dataset, its folder): data_dir, else the checkpoint's training data (shipped weights travel without it)."""
+    path = data_dir or ck['data']['data_dir']
+    try:
+        return D.load_dataset(path), path
+    except D.DatasetError as e:  # say what is missing and what to pass instead of a traceback
+        raise SystemExit(f"error: {e}{'' if data_dir else ' (the checkpoint training data, not on this machine)'}; pass "
+                         f"--data_dir=DIR, a dataset of the same kind (image size, actions), e.g. a test set collected for it")
 
 
 def held_out_starts(ds, ck, n, rng, data_dir):
@@ -137,8 +144,7 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
     dev = pick_device(cfg['device'])
     dyn, enc, dec, ck = load_world_model(cfg['ckpt'], dev, cfg['ae_ckpt'])
     W = cfg['window'] or ck['config']['window']
-    data_dir = cfg['data_dir'] or ck['data']['data_dir']
-    ds = D.load_dataset(data_dir)
+    ds, data_dir = load_data(ck, cfg['data_dir'])
     S = ds['frames'].shape[1]
     if S != ck['data']['image_size'] or ds['actions'].shape[1] != ck['action_dim']:
         raise SystemExit(f"dataset has {S}x{S} frames and {ds['actions'].shape[1]}-d actions; the checkpoint wants "
@@ -198,10 +204,8 @@ def main(cfg, extra_score=None, extra_keys=(), panels=('psnr', 'ssim')):
     Mx.write_video(os.path.join(cfg['out_dir'], 'rollout.gif'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
     Mx.write_strip(os.path.join(cfg['out_dir'], 'rollout.png'), true[:cfg['video_episodes'], 1:], pred[:cfg['video_episodes']])
 
-    print(f"\n{'metric':>14} {'model':>10} {'copy-first':>10}")
-    for k in keys:
-        a, b = res['model'][k], res['copy_baseline'][k]
-        print(f"{k:>14} {'unavailable' if a is None else f'{a:10.4f}':>10} {'unavailable' if b is None else f'{b:10.4f}':>10}")
+    f = lambda v: 'unavailable' if v is None else f'{v:10.4f}'
+    print(f"\n{'metric':>14} {'model':>10} {'copy-first':>10}\n" + '\n'.join(f"{k:>14} {f(res['model'][k]):>10} {f(res['copy_baseline'][k]):>10}" for k in keys))
     print(f"{'fps (batch 1)':>14} {fps:10.2f}\nwrote {cfg['out_dir']}/metrics.json and rollout.gif")
     return out
 

@@ -1133,3 +1133,16 @@ def test_fourteen_dim_actions_non_pusht_scene_trains_and_rolls_out(tmp_path):
         sim.step(np.concatenate([actions[ep][:1, :13], [[last]]], 1))
         z.append(sim.ctx[:, -1])
     assert not torch.equal(z[0], z[1])
+
+
+def test_tools_stop_clearly_when_the_checkpoints_data_is_not_here(tmp_path):
+    """Shipped weights travel without their training data: rollout.load_data names the missing folder and asks for
+    --data_dir instead of a traceback; a dataset given with --data_dir is used."""
+    ck = {'data': {'data_dir': str(tmp_path / 'gone')}}
+    with pytest.raises(SystemExit, match=r"gone: dataset folder does not exist \(the checkpoint training data.*--data_dir="):
+        rollout.load_data(ck)
+    with pytest.raises(SystemExit, match=r"other: dataset folder does not exist; pass --data_dir="):
+        rollout.load_data(ck, str(tmp_path / 'other'))
+    d = _ddp_data(tmp_path / 'd')
+    ds, path = rollout.load_data(ck, d)
+    assert path == d and len(ds['episode_ends']) > 0

@@ -85,8 +85,7 @@ ARCH_KEYS = ('window', 'dyn_ch', 'dyn_depth', 'dyn_emb', 'dyn_heads', 'dyn_spati
 
 @torch.no_grad()
 def encode_dataset(enc, frames, dev, cache_path, fp, bs=256):
-    """All frames -> latents (N, C, h, w) float32, once; cached next to the checkpoint, keyed by the
-    encoder fingerprint and the frame count, so a resume or a second run does not re-encode."""
+    """All frames -> latents (N, C, h, w) float32, once; cached beside the checkpoint, keyed by encoder and frame count."""
     if os.path.isfile(cache_path):
         c = np.load(cache_path, mmap_mode='r')
         meta_path = cache_path + '.json'
@@ -128,8 +127,7 @@ def load_start():
 
 
 def check_start(resume, warm, ds, train_ids, val_ids):
-    """A resume continues the same run: architecture, data (by size and split, not path: it may resume in another
-    checkout). A warm start needs the same network and action size; data, split and schedule are this run's."""
+    """A resume: same network, data (fingerprint, not path) and split. A warm start: same network and action size."""
     A = ds['actions'].shape[1]
     if warm is not None:
         check_compatible(init_from, warm['config'], config, ARCH_KEYS, [('action_dim', warm['action_dim'], A)])
@@ -142,8 +140,7 @@ def check_start(resume, warm, ds, train_ids, val_ids):
 
 
 def restore(resume, warm, dyn, opt, np_rng, rank, world):
-    """Load the weights (and, for a resume, the optimizer and this rank's random streams) into place.
-    -> (iter, best val, last val, np_rng)."""
+    """Weights (a resume: also optimizer and this rank's random streams) into place. -> (iter, best val, last val, np_rng)"""
     if warm is not None:
         dyn.load_state_dict(warm['model'])
         if rank == 0:
