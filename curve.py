@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from common import config_from_globals
-from metrics import _draw_curves
+from metrics import draw_curves
 
 # ---------------------------------------------------------------------------- defaults
 curve_dir = 'out/long/curve'
@@ -89,7 +89,7 @@ def main(cfg):
     json.dump({'rows': rows, 'copy_baseline': copy, 'config': cfg}, open(os.path.join(cfg['out_dir'], 'curve.json'), 'w'), indent=1)
     panels = [(c, [('model', [r.get(k, np.nan) for r in rows])] + ([('copy', [copy[k]] * len(rows))] if k in copy else []))
               for c, k, _ in COLS if any(k in r for r in rows) and k not in ('psnr', 'spearman')]
-    _draw_curves(os.path.join(cfg['out_dir'], 'curve.png'), panels, xticks=[f'{r["iters"] // 1000}k' for r in rows],
+    draw_curves(os.path.join(cfg['out_dir'], 'curve.png'), panels, xticks=[f'{r["iters"] // 1000}k' for r in rows],
                  xname='stage-2 iterations')
     print('\n'.join(lines))
     return rows

@@ -242,12 +242,12 @@ def write_curves(out_dir, curves_by_name, panels=CURVE_PANELS):
         for i in range(H):
             f.write(','.join([str(i + 1)] + [f"{c[3][i]:.6g}" if i < len(c[3]) else '' for c in cols]) + '\n')
     png_path = os.path.join(out_dir, 'curves.png')
-    _draw_curves(png_path, [(m, [(c[1], c[3]) for c in cols if c[2] == m]) for m in panels
+    draw_curves(png_path, [(m, [(c[1], c[3]) for c in cols if c[2] == m]) for m in panels
                             if any(c[2] == m for c in cols)])
     return csv_path, png_path
 
 
-def _draw_curves(path, panels, pw=360, ph=240, xticks=None, xname='step'):
+def draw_curves(path, panels, pw=360, ph=240, xticks=None, xname='step'):
     """panels: [(title, [(series name, values), ...])] -> one PNG, panels side by side in rows of 2. Values are
     drawn at evenly spaced x; xticks: a label for each of them (default: steps 1..H, five ticks)."""
     from PIL import Image, ImageDraw, ImageFont
