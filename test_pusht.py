@@ -1023,9 +1023,9 @@ def test_shipped_weights_track_the_agent_keep_the_T_and_push_it():
     >= 0.75 on average and >= 0.6 at every step, centroid within 1.5 px), and a pushed T moves the right way (on the
     steps where the true T has moved >= 3 px, the predicted centroid is well closer to the truth than the unmoved T
     is). Each assertion was checked by breaking the code on purpose: a sampler whose window never takes in its
-    predictions (agent 3.1 px, centroid ratio 0.99), the action map's x read from y (agent 11.5 px), the encoder
-    given BGR frames (agent 2.4 px), the decoder given another row's latent (agent 20 px, hold IoU 0.11); the
-    shipped model: agent 0.22 / 0.04 px, hold IoU 0.86 (min 0.74), centroid ratio 0.32 (2026-12-04)."""
+    predictions (agent 4.6 px, centroid ratio 0.99), the action map's x read from y (agent 12.6 px), the encoder
+    given BGR frames (agent 3.1 px), the decoder given another row's latent (agent 20 px, hold IoU 0.11); the
+    shipped model: agent 0.25 / 0.004 px, hold IoU 0.87 (min 0.77), centroid ratio 0.30 (2026-12-04)."""
     assert os.path.isfile(SHIPPED), f"{SHIPPED} is missing: the shipped weights are part of the repository"
     dyn, enc, dec, ck = rollout.load_world_model(SHIPPED, 'cpu')
     true, pred = _shipped_rollout(dyn, enc, dec, ck)
