@@ -48,7 +48,9 @@ train)
   ;;
 branch)
   P=${2:?doubling point} B="$O/branch_$2"; C=$((P / 4))
-  mkdir -p "$B"; cp "$O/dyn/trunk_$P.pt" "$B/ckpt.pt"
+  src="$O/dyn/trunk_$P.pt"; [ -f "$src" ] || src="$R/ckpt.pt"  # a new session: the committed state, if it is at P
+  [ "$(iter_of "$src")" = "$P" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
+  mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
   ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"  # the trunk's encoded data
   python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$B" --init_from=resume \
       --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
