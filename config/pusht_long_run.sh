@@ -9,8 +9,7 @@
 #                                           # one point of the scaling curve
 #   bash config/pusht_long_run.sh ship M    # curve point M (or an exported STEM: STEM_dyn.pt ...) -> weights/pusht64_*
 #   bash config/pusht_long_run.sh save      # the trunk's resumable state -> runs/pusht_long/ckpt.pt (to commit)
-#   bash config/pusht_long_run.sh eval [W]  # the README's measurements of W (default: the shipped weights) on the
-#                                           # 16-episode test set (seed 1000000), under out/long/eval/
+# Scoring the curve's points on the test set: curve.py (eval, policy ranking, 9000-step stability per point).
 # Extra train_dynamics.py keys in EXTRA (e.g. EXTRA="--device=cuda --bf16=False"); threads as OMP_NUM_THREADS says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,12 +69,5 @@ save)
   cp "$O/dyn/ckpt.pt" "$R/ckpt.pt.tmp" && mv "$R/ckpt.pt.tmp" "$R/ckpt.pt"
   echo "runs/pusht_long/ckpt.pt: iteration $(iter_of "$R/ckpt.pt")"
   ;;
-eval)
-  W=${2:-weights/pusht64_dyn.pt} E=$O/eval T=data/pusht64_test
-  [ -d "$T" ] || python pusht.py --mode=collect --data_dir="$T" --num_episodes=16 --episode_len=200 --image_size=64 --seed=1000000
-  python pusht.py --mode=eval --ckpt="$W" --data_dir="$T" --num_episodes=16 --horizon=192 --out_dir="$E/eval"
-  python pusht.py --mode=policy_eval --ckpt="$W" --num_states=20 --steps=60 --out_dir="$E/policy_eval"
-  python bench.py --mode=stability --ckpt="$W" --data_dir="$T" --steps=9000 --out_dir="$E/stability"
-  ;;
-*) echo "usage: bash config/pusht_long_run.sh train N | branch P | ship M | save | eval [CKPT]"; exit 2;;
+*) echo "usage: bash config/pusht_long_run.sh train N | branch P | ship M|STEM | save"; exit 2;;
 esac
