@@ -9,6 +9,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -234,6 +235,15 @@ def test_export_writes_inference_files_that_roll_out_like_the_checkpoint(tmp_pat
     np.testing.assert_array_equal(out[0][0], out[1][0])
     assert torch.equal(out[0][1], out[1][1]) and out[0][1].std() > 0
     assert json.load(open(tmp_path / 'moved' / 'm.json'))['dynamics']['iter'] == 2
+    # the exported file is also weights-only training state (what the long run commits between sessions): a resume
+    # from it continues the count with fresh Adam moments; at lr 0 the weights stay the exported ones
+    os.makedirs(tmp_path / 'r')
+    shutil.copy(tmp_path / 'moved' / 'm_dyn.pt', tmp_path / 'r' / 'ckpt.pt')
+    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/r',
+                                      '--init_from=resume', '--max_iters=3', '--eval_interval=3', '--lr=0', '--min_lr=0'] + _DDP_DYN)
+    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    r3, m2 = common.load_checkpoint(f'{tmp_path}/r/ckpt.pt'), common.load_checkpoint(str(tmp_path / 'moved' / 'm_dyn.pt'))
+    assert r3['iter'] == 3 and 'optimizer' in r3 and all(torch.equal(r3['model'][k], m2['model'][k]) for k in m2['model'])
     other = _ddp_fake_ae(tmp_path / 'other.pt', seed=1)  # another encoder under the checkpoint's ae path
     os.replace(other, ae)
     with pytest.raises(SystemExit, match='another encoder'):

@@ -140,7 +140,7 @@ def check_start(resume, warm, ds, train_ids, val_ids):
 
 
 def restore(resume, warm, dyn, opt, np_rng, rank, world):
-    """Weights (a resume: also optimizer and this rank's random streams) into place. -> (iter, best val, last val, np_rng)"""
+    """Weights (a resume: also optimizer and random streams, if saved) into place. -> (iter, best val, last val, np_rng)"""
     if warm is not None:
         dyn.load_state_dict(warm['model'])
         if rank == 0:
@@ -148,17 +148,17 @@ def restore(resume, warm, dyn, opt, np_rng, rank, world):
     if resume is None:
         return 0, float('inf'), None, np_rng
     dyn.load_state_dict(resume['model'])
-    opt.load_state_dict(resume['optimizer'])
-    it = resume['iter']
-    states = resume.get('rng')
+    if 'optimizer' in resume:  # (weights-only state, an export.py file: fresh Adam moments and random streams)
+        opt.load_state_dict(resume['optimizer'])
+    it, states = resume['iter'], resume.get('rng')
     if states is not None and len(states) == world:
         set_rng_state(states[rank], np_rng)
-    else:  # another world size: there is no stream to continue, start fresh ones (not bit-exact)
+    else:  # weights-only state or another world size: no stream to continue, start fresh ones (not bit-exact)
         np_rng, _ = seed_streams(seed, 0, rank, it)
         if rank == 0:  # (rank 0 speaks for all)
             print(f"warning: checkpoint has RNG states for {len(states) if states else 0} ranks, this run has "
                   f"{world}; new random streams from iter {it} (the resume is not bit-exact)")
-    return it, resume['best_val'], resume.get('val_latent_mse'), np_rng
+    return it, resume.get('best_val', float('inf')), resume.get('val_latent_mse'), np_rng
 
 
 def main():
