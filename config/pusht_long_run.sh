@@ -8,7 +8,7 @@
 #                                           # falling linearly to min_lr; exported to out/long/curve/itM_* (M = P + P/4):
 #                                           # one point of the scaling curve
 #   bash config/pusht_long_run.sh ship M    # curve point M (or an exported STEM: STEM_dyn.pt ...) -> weights/pusht64_*
-#   bash config/pusht_long_run.sh save      # the trunk's resumable state -> runs/pusht_long/ckpt.pt (to commit)
+#   bash config/pusht_long_run.sh save      # the trunk's weights-only state -> runs/pusht_long/ckpt.pt (to commit)
 # Scoring the curve's points on the test set: curve.py (eval, policy ranking, 9000-step stability per point).
 # Extra train_dynamics.py keys in EXTRA (e.g. EXTRA="--device=cuda --bf16=False"); threads as OMP_NUM_THREADS says.
 set -euo pipefail
@@ -50,7 +50,9 @@ branch)
   src="$O/dyn/trunk_$P.pt"; [ -f "$src" ] || src="$R/ckpt.pt"  # a new session: the committed state, if it is at P
   [ "$(iter_of "$src")" = "$P" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
   mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
-  ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"  # the trunk's encoded data
+  if [ -f "$O/dyn/latents.npy.json" ]; then  # the trunk's encoded data (a new session has none: the branch encodes)
+    ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"
+  fi
   python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$B" --init_from=resume \
       --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
   python export.py --ckpt="$B/ckpt.pt" --out_dir="$O/curve" --name="it$((P + C))"
@@ -65,8 +67,15 @@ d = torch.load('weights/pusht64_dyn.pt', weights_only=True); d['ae_ckpt'] = 'pus
 torch.save(d, 'weights/pusht64_dyn.pt.tmp'); os.replace('weights/pusht64_dyn.pt.tmp', 'weights/pusht64_dyn.pt')
 PY
   ;;
-save)
-  cp "$O/dyn/ckpt.pt" "$R/ckpt.pt.tmp" && mv "$R/ckpt.pt.tmp" "$R/ckpt.pt"
+save)  # weights only, no Adam moments or random streams (a third of the size): a resume from it continued the trunk
+       # as well as an exact one did (EXPERIMENTS.md, "The long run")
+  python - "$O/dyn/ckpt.pt" "$R/ckpt.pt" <<'PY'
+import os, sys, torch
+d = torch.load(sys.argv[1], weights_only=True)
+for k in ('optimizer', 'rng'):
+    d.pop(k, None)
+torch.save(d, sys.argv[2] + '.tmp'); os.replace(sys.argv[2] + '.tmp', sys.argv[2])
+PY
   echo "runs/pusht_long/ckpt.pt: iteration $(iter_of "$R/ckpt.pt")"
   ;;
 *) echo "usage: bash config/pusht_long_run.sh train N | branch P | ship M|STEM | save"; exit 2;;
