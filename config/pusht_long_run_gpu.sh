@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The long run on a lent GPU for a fixed time (issue #26; ran once, 2026-12-04, on an H200, LIMIT=530): collect the
-# 1000 episodes on 14 workers (the same data as on 2 workers: the dataset fingerprint matched), time the paper-size
-# live loop at 128x128, then the stage-2 trunk of config/pusht_long_run.sh on CUDA (fp32, as on the CPU) with its
-# cool-down branches beside it, and a width-128 pilot on the schedule of the branch at 12800; everything stops at
-# T0 + LIMIT seconds and what is worth keeping is packed into $OUT. Needs runs/pusht_long/ae.pt (stage 1).
-#   OUT=out/gpu LIMIT=530 bash config/pusht_long_run_gpu.sh      # PILOT_ITERS=0: no pilot
-# To resume the trunk instead of starting it, put runs/pusht_long/ckpt.pt in place (the script's `train` copies it).
+# The long run on a lent GPU for a fixed time (issue #26; ran on an H200, 2026-12-04, LIMIT=530): collect the 1000
+# episodes on 14 workers (the same data as on 2 workers: the dataset fingerprint matched), time the paper-size live
+# loop at 128x128, then the stage-2 trunk of config/pusht_long_run.sh on CUDA (fp32, as on the CPU), resumed from the
+# committed runs/pusht_long/ckpt.pt, with its cool-down branches beside it; everything stops at T0 + LIMIT seconds
+# and what is worth keeping is packed into $OUT. Needs runs/pusht_long/ae.pt (stage 1).
+#   OUT=out/gpu LIMIT=530 bash config/pusht_long_run_gpu.sh
+# (The run of 2026-12-04 also trained the width pilot behind weights/: weights/README.md has its command.)
 # Not `pkill -f` from a one-line shell command: it matches that shell's own command line.
 T0=$(date +%s); LIMIT=${LIMIT:-530}; OUT=${OUT:?a folder for the results}; mkdir -p "$OUT"
 set -x
@@ -22,12 +22,6 @@ CP=$!
 wait $CP; echo "collected at $(( $(date +%s) - T0 )) s"
 python3 -c "import data, common; print('fingerprint', common.dataset_fingerprint(data.load_dataset('$D')))" | tee logs_dev/fingerprint.txt
 EXTRA="--device=$DEV --bf16=False" BRANCHES=1 bash config/pusht_long_run.sh train 100000000 > logs_dev/trunk.log 2>&1 &
-# the pilot: width 128 on the schedule of the trunk's branch at 12800 (constant lr to 12800, cool-down to 16000)
-PI=${PILOT_ITERS:-16000}; PC=$((PI / 5))
-[ "$PI" -gt 0 ] && ( while [ ! -f $O/dyn/latents.npy.json ]; do sleep 2; done; mkdir -p $O/pilot128; ln -sf $PWD/$O/dyn/latents.npy $O/pilot128/latents.npy; cp $O/dyn/latents.npy.json $O/pilot128/
-  python3 train_dynamics.py config/dyn_pusht_cpu.py config/dyn_pusht_long_run.py --dyn_ch=128 --data_dir=$D --ae_ckpt=$R/ae.pt \
-    --out_dir=$O/pilot128 --max_iters=$PI --cooldown_iters=$PC --device=$DEV --bf16=False > logs_dev/pilot128.log 2>&1 &&
-  python3 export.py --ckpt=$O/pilot128/ckpt.pt --out_dir=$O/pilot_export --name=pilot128_it$PI >> logs_dev/pilot128.log 2>&1 ) &
 while [ $(( $(date +%s) - T0 )) -lt $LIMIT ]; do sleep 2; done
 pkill -f pusht_long_run.sh; pkill -f train_dynamics.py; pkill -f export.py; sleep 4; pkill -9 -f train_dynamics.py; sleep 1
 cp $O/branch_*.log logs_dev/ 2>/dev/null; cp $O/dyn/samples_*.png logs_dev/ 2>/dev/null
@@ -35,6 +29,5 @@ nvidia-smi > logs_dev/nvidia-smi.txt 2>&1
 tar cf $OUT/logs.tar logs_dev
 cp $O/dyn/ckpt.pt $OUT/trunk_ckpt.pt
 tar cf $OUT/curve.tar -C $O/curve --exclude='*_ae.pt' .
-[ -d $O/pilot_export ] && tar cf $OUT/pilot.tar -C $O/pilot_export --exclude='*_ae.pt' .
 for s in $(ls $O/dyn/trunk_*.pt | sort -V | tail -2); do P=$(basename $s .pt | cut -d_ -f2); M=$((P + P / 4)); [ -f $O/curve/it${M}_dyn.pt ] || cp $s $OUT/; done
 ls -la $OUT; echo "done at $(( $(date +%s) - T0 )) s"
