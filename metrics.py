@@ -281,22 +281,29 @@ def draw_curves(path, panels, pw=360, ph=240, xticks=None, xname='step'):
             d.line([xx, y1, xx, y1 + 3], fill=(0, 0, 0))
             d.text((xx - 3 * len(label), y1 + 5), label, fill=(0, 0, 0), font=font)
         d.text((x1 - 6 * len(xname), y1 + 15), xname, fill=(0, 0, 0), font=font)
+        drawn = []  # (name, points) of this panel: its legend names only these and avoids their points
         for name, s in series:
             if name not in names:
                 names.append(name)
             col = CURVE_COLOURS[names.index(name) % len(CURVE_COLOURS)]
             pts = [(x0 + (x1 - x0) * i / max(H - 1, 1), y1 - (y1 - y0) * (v - lo) / (hi - lo))
                    for i, v in enumerate(s) if np.isfinite(v)]
+            drawn.append((name, pts))
             if len(pts) > 1:
                 d.line(pts, fill=col, width=2)
             elif pts:
                 d.ellipse([pts[0][0] - 2, pts[0][1] - 2, pts[0][0] + 2, pts[0][1] + 2], fill=col)
-        d.rectangle([x1 - 114, y0 + 3, x1 - 3, y0 + 9 + 12 * len(names)], fill='white', outline=(160, 160, 160))
-        for i, name in enumerate(names):  # legend, top-right of every panel, on a white box
-            ly = y0 + 6 + 12 * i
-            col = CURVE_COLOURS[i % len(CURVE_COLOURS)]
-            d.line([x1 - 110, ly + 5, x1 - 92, ly + 5], fill=col, width=2)
-            d.text((x1 - 88, ly), name, fill=(0, 0, 0), font=font)
+        bh = 6 + 12 * len(drawn)  # the legend box: the first corner (top-right, bottom-right, top-left) no point is in
+        boxes = [(x1 - 114, y0 + 3), (x1 - 114, y1 - 3 - bh), (x0 + 3, y0 + 3)]
+        free = [b for b in boxes if not any(b[0] - 4 <= x <= b[0] + 115 and b[1] - 4 <= y <= b[1] + bh + 4
+                                            for _, pts in drawn for x, y in pts)]
+        bx, by = (free or boxes)[0]
+        d.rectangle([bx, by, bx + 111, by + bh], fill='white', outline=(160, 160, 160))
+        for i, (name, _) in enumerate(drawn):
+            ly = by + 3 + 12 * i
+            col = CURVE_COLOURS[names.index(name) % len(CURVE_COLOURS)]
+            d.line([bx + 4, ly + 5, bx + 22, ly + 5], fill=col, width=2)
+            d.text((bx + 26, ly), name, fill=(0, 0, 0), font=font)
     img.save(path)
 
 
