@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The long run on a lent GPU for a fixed time (issue #26; ran on an H200, 2026-12-04, LIMIT=530): collect the 1000
-# episodes on 14 workers (the same data as on 2 workers: the dataset fingerprint matched), time the paper-size live
-# loop at 128x128, then the stage-2 trunk of config/pusht_long_run.sh on CUDA (fp32, as on the CPU), resumed from the
-# committed runs/pusht_long/ckpt.pt, with its cool-down branches beside it; everything stops at T0 + LIMIT seconds
-# and what is worth keeping is packed into $OUT. Needs runs/pusht_long/ae.pt (stage 1).
+# episodes on 14 workers (the same data as on 2 workers: the dataset fingerprint matched), with BENCH=1 time the
+# paper-size live loop at 128x128 (done once: 19.0 FPS fp32), then the stage-2 trunk of config/pusht_long_run.sh on
+# CUDA (fp32, as on the CPU), resumed from the committed runs/pusht_long/ckpt.pt, with its cool-down branches beside
+# it; everything stops at T0 + LIMIT seconds and what is worth keeping is packed into $OUT. Needs runs/pusht_long/ae.pt.
 #   OUT=out/gpu LIMIT=530 bash config/pusht_long_run_gpu.sh
-# (The run of 2026-12-04 also trained the width pilot behind weights/: weights/README.md has its command.)
+# Back here: put $OUT/trunk_ckpt.pt at out/long/dyn/ckpt.pt and `bash config/pusht_long_run.sh save`; a branch the
+# call did not finish: `branch P` from the returned trunk_P.pt (at out/long/dyn/trunk_P.pt).
+# (The run of 2026-12-04 also trained a width-128 pilot beside the trunk: EXPERIMENTS.md, "The long run".)
 # Not `pkill -f` from a one-line shell command: it matches that shell's own command line.
 T0=$(date +%s); LIMIT=${LIMIT:-530}; OUT=${OUT:?a folder for the results}; mkdir -p "$OUT"
 set -x
@@ -17,8 +19,8 @@ mkdir -p logs_dev
 D=${D:-data/pusht64_1k} O=${O:-out/long} R=${R:-runs/pusht_long}
 ( python3 pusht.py --mode=collect --data_dir=$D --num_episodes=$NEP --episode_len=${ELEN:-200} --image_size=64 --num_workers=$NW > logs_dev/collect.log 2>&1 ) &
 CP=$!
-[ -z "${NOBENCH:-}" ] && timeout 75 python3 bench.py --mode=speed --recipes=gpu --device=$DEV --batches=1,8 --max_seconds=4 --speed_steps=20 --out_dir=logs_dev/speed_fp32 > logs_dev/speed.log 2>&1
-[ -z "${NOBENCH:-}" ] && timeout 75 python3 bench.py --mode=speed --recipes=gpu --device=$DEV --batches=1,8 --max_seconds=4 --speed_steps=20 --bf16=True --out_dir=logs_dev/speed_bf16 >> logs_dev/speed.log 2>&1
+[ -n "${BENCH:-}" ] && timeout 75 python3 bench.py --mode=speed --recipes=gpu --device=$DEV --batches=1,8 --max_seconds=4 --speed_steps=20 --out_dir=logs_dev/speed_fp32 > logs_dev/speed.log 2>&1
+[ -n "${BENCH:-}" ] && timeout 75 python3 bench.py --mode=speed --recipes=gpu --device=$DEV --batches=1,8 --max_seconds=4 --speed_steps=20 --bf16=True --out_dir=logs_dev/speed_bf16 >> logs_dev/speed.log 2>&1
 wait $CP; echo "collected at $(( $(date +%s) - T0 )) s"
 python3 -c "import data, common; print('fingerprint', common.dataset_fingerprint(data.load_dataset('$D')))" | tee logs_dev/fingerprint.txt
 EXTRA="--device=$DEV --bf16=False" BRANCHES=1 bash config/pusht_long_run.sh train 100000000 > logs_dev/trunk.log 2>&1 &
