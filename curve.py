@@ -7,7 +7,8 @@ plotted against M (the points are doublings, so evenly spaced points are a log a
 
 Per point, in out_dir/itM/: pusht.py --mode=eval (num_episodes x horizon open loop), --mode=policy_eval
 (6 policies x num_states x policy_steps) and bench.py --mode=stability (stability_steps); a score already on disk
-is not computed again, so the command can be stopped and rerun. Writes out_dir/curve.md (a markdown table,
+is not computed again, so the command can be stopped and rerun. With --prior=runs/pusht_long/curve.json the points
+scored in earlier sessions (whose exports are gone) keep their committed rows. Writes out_dir/curve.md (a markdown table,
 the copy-first-frame baseline of the same episodes in its last row), curve.json and curve.png.
 """
 import glob
@@ -32,6 +33,7 @@ num_states = 20
 policy_steps = 60
 stability_steps = 9000
 skip = ''  # comma-separated parts not to run: eval, policy_eval, stability
+prior = ''  # an earlier curve.json (runs/pusht_long/curve.json): its rows for points not exported here are kept
 # ------------------------------------------------------------------------------------
 COLS = [('MSE', 'mse', '.5f'), ('PSNR', 'psnr', '.2f'), ('SSIM', 'ssim', '.3f'), ('agent px', 'agent_err_px', '.2f'),
         ('block IoU', 'block_iou', '.3f'), ('IoU 1-32', 'iou32', '.3f'), ('centroid px', 'block_centroid_err_px', '.2f'),
@@ -69,10 +71,27 @@ def score(ckpt, od, cfg):
     return r, copy
 
 
+SAME = ('num_episodes', 'horizon', 'num_states', 'policy_steps', 'stability_steps')  # what a prior row must share
+
+
+def prior_rows(cfg, have):
+    """Rows of an earlier session's curve.json for the points not in `have`, if it scored them the same way."""
+    if not cfg.get('prior'):
+        return []
+    if not os.path.isfile(cfg['prior']):
+        raise SystemExit(f"--prior={cfg['prior']!r}: no such file")
+    p = json.load(open(cfg['prior']))
+    if any(p['config'].get(k) != cfg.get(k) for k in SAME):
+        raise SystemExit(f"--prior={cfg['prior']!r} was scored with other settings: "
+                         + ', '.join(f"{k} {p['config'].get(k)} vs {cfg.get(k)}" for k in SAME if p['config'].get(k) != cfg.get(k)))
+    return [r for r in p['rows'] if r['iters'] not in have]
+
+
 def main(cfg):
     pts = sorted((int(re.search(r'it(\d+)_dyn\.pt$', f).group(1)), f) for f in glob.glob(os.path.join(cfg['curve_dir'], 'it*_dyn.pt')))
     if not pts:
         raise SystemExit(f"no itM_dyn.pt in {cfg['curve_dir']!r} (config/pusht_long_run.sh branch P writes them)")
+    old = prior_rows(cfg, {it for it, _ in pts})
     if not os.path.isdir(cfg['data_dir']):
         raise SystemExit(f"no test set at {cfg['data_dir']!r}: python pusht.py --mode=collect --data_dir={cfg['data_dir']} "
                          f"--num_episodes=16 --episode_len=200 --image_size=64 --seed=1000000")
@@ -80,6 +99,7 @@ def main(cfg):
     for it, f in reversed(pts):  # the newest point first
         r, copy = score(f, os.path.join(cfg['out_dir'], f'it{it}'), cfg)
         rows.insert(0, {'iters': it, **r})
+    rows = sorted(rows + old, key=lambda r: r['iters'])
     fmt = lambda v, f: '' if v is None else format(v, f)
     lines = ['| stage-2 iterations | ' + ' | '.join(c for c, _, _ in COLS) + ' |', '|---' * (len(COLS) + 1) + '|']
     lines += [f"| {r['iters']} | " + ' | '.join(fmt(r.get(k), f) for _, k, f in COLS) + ' |' for r in rows]

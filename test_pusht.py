@@ -1052,10 +1052,11 @@ def test_curve_tabulates_each_point_from_its_scores(tmp_path):
     import curve
     cd, od = tmp_path / 'curve', tmp_path / 'eval'
     cd.mkdir()
-    for it, iou in ((16000, 0.5), (4000, 0.2)):  # placeholders: every score below is on disk already
+
+    def point(cd, it, iou):  # a placeholder export whose every score is on disk already
         (cd / f'it{it}_dyn.pt').write_bytes(b'')
         for part in ('eval', 'policy_eval', 'stability'):
-            os.makedirs(od / f'it{it}' / part)
+            os.makedirs(od / f'it{it}' / part, exist_ok=True)
         m = {k: 1.0 for k in ('mse', 'psnr', 'ssim', 'agent_err_px', 'block_centroid_err_px', 'block_angle_err_deg')}
         curves = [iou] * 32 + [0.0] * 160  # steps 1-32 at iou, the rest at 0
         json.dump({'model': {**m, 'block_iou': iou / 6, 'curves': {'block_iou': curves}},
@@ -1065,8 +1066,11 @@ def test_curve_tabulates_each_point_from_its_scores(tmp_path):
                    'policies': [{'real_coverage': 0.5, 'model_coverage': 0.5 + iou}, {'real_coverage': 0.2, 'model_coverage': 0.1}]},
                   open(od / f'it{it}' / 'policy_eval' / 'policy_eval.json', 'w'))
         json.dump({'rows': [{'block_shape_iou': 0.9}, {'block_shape_iou': iou}]}, open(od / f'it{it}' / 'stability' / 'stability.json', 'w'))
-    rows = curve.main({'curve_dir': str(cd), 'data_dir': str(tmp_path), 'out_dir': str(od), 'num_episodes': 16, 'horizon': 192,
-                       'num_states': 20, 'policy_steps': 60, 'stability_steps': 9000, 'skip': ''})
+    for it, iou in ((16000, 0.5), (4000, 0.2)):
+        point(cd, it, iou)
+    cfg = {'curve_dir': str(cd), 'data_dir': str(tmp_path), 'out_dir': str(od), 'num_episodes': 16, 'horizon': 192,
+           'num_states': 20, 'policy_steps': 60, 'stability_steps': 9000, 'skip': '', 'prior': ''}
+    rows = curve.main(cfg)
     assert [r['iters'] for r in rows] == [4000, 16000]
     assert [round(r['iou32'], 6) for r in rows] == [0.2, 0.5] and [round(r['block_iou'], 6) for r in rows] == [round(0.2 / 6, 6), round(0.5 / 6, 6)]
     assert [r['shape_min'] for r in rows] == [0.2, 0.5] and [round(r['gap'], 6) for r in rows] == [0.2, 0.5]
@@ -1075,3 +1079,16 @@ def test_curve_tabulates_each_point_from_its_scores(tmp_path):
     assert os.path.getsize(od / 'curve.png') > 1000
     with pytest.raises(SystemExit, match='no itM_dyn.pt'):
         curve.main({'curve_dir': str(tmp_path / 'none'), 'data_dir': str(tmp_path), 'out_dir': str(od), 'skip': ''})
+    # a later session: only the new point is exported; --prior keeps the earlier rows, a re-scored point wins
+    os.replace(od / 'curve.json', tmp_path / 'prior.json')
+    cd2 = tmp_path / 'curve2'
+    cd2.mkdir()
+    point(cd2, 32000, 0.7)
+    point(cd2, 16000, 0.6)
+    rows = curve.main({**cfg, 'curve_dir': str(cd2), 'prior': str(tmp_path / 'prior.json')})
+    assert [(r['iters'], round(r['iou32'], 6)) for r in rows] == [(4000, 0.2), (16000, 0.6), (32000, 0.7)]
+    assert len(open(od / 'curve.md').read().splitlines()) == 6
+    with pytest.raises(SystemExit, match='other settings: horizon 192 vs 96'):
+        curve.main({**cfg, 'curve_dir': str(cd2), 'prior': str(tmp_path / 'prior.json'), 'horizon': 96})
+    with pytest.raises(SystemExit, match='no such file'):
+        curve.main({**cfg, 'curve_dir': str(cd2), 'prior': str(tmp_path / 'missing.json')})
