@@ -1018,15 +1018,16 @@ def _shipped_rollout(dyn, enc, dec, ck, E=4, H=32, seed=777):
 
 
 def test_shipped_weights_track_the_agent_keep_the_T_and_push_it():
-    """The shipped model (weights/, README) on fresh episodes: the agent is tracked (mean error <= 1 px, pushing and
-    holding; copying the first frame is ~20 px off), an untouched T keeps its place and shape ('hold': block IoU
+    """The shipped model (weights/, README) on fresh episodes: the agent is tracked (mean error <= 0.5 px, pushing
+    and holding; copying the first frame is ~20 px off), an untouched T keeps its place and shape ('hold': block IoU
     >= 0.75 on average and >= 0.6 at every step, centroid within 1.5 px), and a pushed T moves the right way (on the
     steps where the true T has moved >= 3 px, the predicted centroid is well closer to the truth than the unmoved T
     is). Each assertion was checked by breaking the code on purpose: a sampler whose window never takes in its
     predictions (agent 4.6 px, centroid ratio 0.99), the action map's x read from y (agent 12.6 px), the encoder
     given BGR frames (agent 3.1 px), the decoder given another row's latent (agent 20 px, hold IoU 0.11), on the
-    weights shipped first; on today's (width 64, 32,000 iterations) the sampler and BGR breakages again: agent 3.0
-    and 1.6 px. Today's weights: agent 0.21 / 0.03 px, hold IoU 0.88 (min 0.76), centroid ratio 0.33 (2026-12-04)."""
+    weights shipped first; on the width-64 weights at 32,000 iterations the sampler and BGR breakages again: agent
+    3.0 and 1.6 px; on today's (64,000) BGR frames give 0.93 px, which is why the bound is 0.5 px, not 1. Today's
+    weights: agent 0.22 / 0.07 px, hold IoU 0.89 (min 0.76), centroid ratio 0.25 (2026-12-05)."""
     assert os.path.isfile(SHIPPED), f"{SHIPPED} is missing: the shipped weights are part of the repository"
     dyn, enc, dec, ck = rollout.load_world_model(SHIPPED, 'cpu')
     true, pred = _shipped_rollout(dyn, enc, dec, ck)
@@ -1035,7 +1036,7 @@ def test_shipped_weights_track_the_agent_keep_the_T_and_push_it():
     model = {k: v.reshape(2 * E, H) for k, v in pusht.physics(flat(pred), flat(true[:, 1:])).items()}
     copy = {k: v.reshape(2 * E, H) for k, v in pusht.physics(flat(np.repeat(true[:, :1], H, 1)), flat(true[:, 1:])).items()}
     agent, hold_agent = model['agent_err_px'][:E].mean(), model['agent_err_px'][E:].mean()
-    assert agent <= 1.0 and hold_agent <= 1.0 and copy['agent_err_px'][:E].mean() > 10 * agent, (agent, hold_agent)
+    assert agent <= 0.5 and hold_agent <= 0.5 and copy['agent_err_px'][:E].mean() > 10 * agent, (agent, hold_agent)
     iou = model['block_iou'][E:]  # (E, H) the untouched T
     assert iou.mean() >= 0.75 and iou.min() >= 0.6, iou.min(1)
     assert model['block_centroid_err_px'][E:].mean() <= 1.5, model['block_centroid_err_px'][E:].mean(1)
