@@ -1046,6 +1046,39 @@ def test_shipped_weights_track_the_agent_keep_the_T_and_push_it():
     assert m < 0.6 * c, (m, c)
 
 
+def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
+    """config/pusht_long_run.sh, dry run on the tiny world (D, R, O, P0 point it at temporary folders): `train 4`
+    trains the trunk in segments ending at the doubling points 2 and 4 and keeps a snapshot at each; `save` writes
+    the weights-only state; in a "new session" (the trunk's folder gone) `branch 4` starts from that state, cools
+    down over the last 4/4 iterations and is exported as curve point 5; a branch with no snapshot and an unknown
+    command are errors."""
+    d, dyn_ckpt = tiny_world
+    R, O = tmp_path / 'runs', tmp_path / 'out'
+    R.mkdir()
+    shutil.copy(common.load_checkpoint(dyn_ckpt)['ae_ckpt'], R / 'ae.pt')  # stage 1 already trained: the script skips it
+    extra = ' '.join(TINY_DYN + ['--val_frac=0.34', '--eval_interval=2'])
+    env = {**os.environ, 'D': d, 'R': str(R), 'O': str(O), 'P0': '2', 'EXTRA': extra}
+    sh = lambda *a: subprocess.run(['bash', os.path.join(ROOT, 'config', 'pusht_long_run.sh'), *a], env=env,
+                                   capture_output=True, text=True, timeout=300)
+    it = lambda f: common.load_checkpoint(str(f))['iter']
+    r = sh('train', '4')
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (it(O / 'dyn' / 'ckpt.pt'), it(O / 'dyn' / 'trunk_2.pt'), it(O / 'dyn' / 'trunk_4.pt')) == (4, 2, 4)
+    r = sh('save')
+    assert r.returncode == 0 and 'iteration 4' in r.stdout, r.stdout + r.stderr
+    state = torch.load(R / 'ckpt.pt', weights_only=True)
+    assert 'optimizer' not in state and 'rng' not in state and state['iter'] == 4
+    shutil.rmtree(O / 'dyn')  # a new session: only the committed state is left
+    r = sh('branch', '4')
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    b = common.load_checkpoint(str(O / 'branch_4' / 'ckpt.pt'))
+    assert (b['iter'], b['config']['max_iters'], b['config']['cooldown_iters']) == (5, 5, 1)  # P + P/4, cooling P/4
+    assert it(O / 'curve' / 'it5_dyn.pt') == 5 and (O / 'curve' / 'it5_ae.pt').is_file()
+    r = sh('branch', '8')
+    assert r.returncode == 1 and 'no snapshot of the trunk at iteration 8' in r.stdout, r.stdout + r.stderr
+    assert sh('nonsense').returncode == 2
+
+
 def test_curve_tabulates_each_point_from_its_scores(tmp_path):
     """curve.py: one row per exported point (in iteration order, not file order), IoU over steps 1-32 the mean of
     the first 32 steps of the per-step curve, the stability column the worst row, the policy gap the largest
