@@ -1050,8 +1050,9 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     """config/pusht_long_run.sh, dry run on the tiny world (D, R, O, P0 point it at temporary folders): `train 4`
     trains the trunk in segments ending at the doubling points 2 and 4 and keeps a snapshot at each; `save` writes
     the weights-only state; in a "new session" (the trunk's folder gone) `branch 4` starts from that state, cools
-    down over the last 4/4 iterations and is exported as curve point 5; a branch with no snapshot and an unknown
-    command are errors."""
+    down over the last 4/4 iterations and is exported as curve point 5; `save` then keeps the branch's state, from
+    which a later session exports a finished branch without training it again and goes on with an unfinished one;
+    a branch with no snapshot and an unknown command are errors."""
     d, dyn_ckpt = tiny_world
     R, O = tmp_path / 'runs', tmp_path / 'out'
     R.mkdir()
@@ -1076,6 +1077,21 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     assert it(O / 'curve' / 'it5_dyn.pt') == 5 and (O / 'curve' / 'it5_ae.pt').is_file()
     r = sh('branch', '8')
     assert r.returncode == 1 and 'no snapshot of the trunk at iteration 8' in r.stdout, r.stdout + r.stderr
+    # the session ends: `save` keeps the branch as weights-only state too; the next session goes on from it
+    r = sh('save')
+    assert r.returncode == 0 and 'branch_4.pt: iteration 5' in r.stdout, r.stdout + r.stderr
+    assert 'optimizer' not in torch.load(R / 'branch_4.pt', weights_only=True)
+    state = torch.load(R / 'branch_4.pt', weights_only=True)
+    state['iter'] = 9  # as if branch 8 (2 cool-down iterations) had been stopped after its first
+    torch.save(state, R / 'branch_8.pt')
+    shutil.rmtree(O / 'branch_4'), shutil.rmtree(O / 'curve')
+    r = sh('branch', '4')  # finished: exported from the saved state, not trained again
+    assert r.returncode == 0 and 'from iter' not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert it(O / 'curve' / 'it5_dyn.pt') == 5 and 'optimizer' not in torch.load(O / 'branch_4' / 'ckpt.pt', weights_only=True)
+    r = sh('branch', '8')  # unfinished: goes on from iteration 9, not from a trunk snapshot
+    assert r.returncode == 0 and 'new random streams from iter 9' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    b = common.load_checkpoint(str(O / 'branch_8' / 'ckpt.pt'))
+    assert (b['iter'], b['config']['cooldown_iters']) == (10, 2) and it(O / 'curve' / 'it10_dyn.pt') == 10
     assert sh('nonsense').returncode == 2
 
 

@@ -8,8 +8,11 @@
 #                                           # falling linearly to min_lr; exported to out/long/curve/itM_* (M = P + P/4):
 #                                           # one point of the scaling curve
 #   bash config/pusht_long_run.sh ship M    # curve point M (or an exported STEM: STEM_dyn.pt ...) -> weights/pusht64_*
-#   bash config/pusht_long_run.sh save      # the trunk's weights-only state -> runs/pusht_long/ckpt.pt (to commit)
-# Scoring the curve's points on the test set: curve.py (eval, policy ranking, 9000-step stability per point).
+#   bash config/pusht_long_run.sh save      # weights-only state -> runs/pusht_long/: the trunk's as ckpt.pt, each branch's
+#                                           # as branch_P.pt (to commit at a session's end; `branch P` goes on from it)
+# Scoring the curve's points on the test set: curve.py (eval, policy ranking, 9000-step stability per point); in a
+# later session `python curve.py --curve_dir=out/long/curve --prior=runs/pusht_long/curve.json` adds the new points to
+# the committed table.
 # Extra train_dynamics.py keys in EXTRA (e.g. EXTRA="--device=cuda --bf16=False"); threads as OMP_NUM_THREADS says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,14 +50,19 @@ train)
   ;;
 branch)
   P=${2:?doubling point} B="$O/branch_$2"; C=$((P / 4))
-  src="$O/dyn/trunk_$P.pt"; [ -f "$src" ] || src="$R/ckpt.pt"  # a new session: the committed state, if it is at P
-  [ "$(iter_of "$src")" = "$P" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
-  mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
+  bit=0; [ -f "$B/ckpt.pt" ] && bit=$(iter_of "$B/ckpt.pt")
+  if [ "$bit" -le "$P" ] || [ "$bit" -gt $((P + C)) ]; then  # not begun here: the saved branch state, else the trunk's
+    src="$R/branch_$P.pt"                                       # (a later session goes on where `save` left it)
+    [ -f "$src" ] || { src="$O/dyn/trunk_$P.pt"; [ -f "$src" ] || src="$R/ckpt.pt"; }  # (new session: committed, if at P)
+    it=$(iter_of "$src")
+    [ "$it" -gt "$P" ] && [ "$it" -le $((P + C)) ] || [ "$it" = "$P" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
+    mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
+  fi
   if [ -f "$O/dyn/latents.npy.json" ]; then  # the trunk's encoded data (a new session has none: the branch encodes)
     ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"
   fi
-  python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$B" --init_from=resume \
-      --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
+  [ "$(iter_of "$B/ckpt.pt")" -ge $((P + C)) ] || python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" \
+      --out_dir="$B" --init_from=resume --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
   python export.py --ckpt="$B/ckpt.pt" --out_dir="$O/curve" --name="it$((P + C))"
   ;;
 ship)
@@ -68,15 +76,21 @@ torch.save(d, 'weights/pusht64_dyn.pt.tmp'); os.replace('weights/pusht64_dyn.pt.
 PY
   ;;
 save)  # weights only, no Adam moments or random streams (a third of the size): a resume from it continued the trunk
-       # as well as an exact one did (EXPERIMENTS.md, "The long run")
-  python - "$O/dyn/ckpt.pt" "$R/ckpt.pt" <<'PY'
-import os, sys, torch
-d = torch.load(sys.argv[1], weights_only=True)
-for k in ('optimizer', 'rng'):
-    d.pop(k, None)
-torch.save(d, sys.argv[2] + '.tmp'); os.replace(sys.argv[2] + '.tmp', sys.argv[2])
+       # as well as an exact one did (EXPERIMENTS.md, "The long run"); a cool-down branch's too, as branch_P.pt
+       # (`git rm` it once its curve point is scored)
+  python - "$O" "$R" <<'PY'
+import glob, os, sys, torch
+O, R = sys.argv[1:]
+pairs = [(f'{O}/dyn/ckpt.pt', f'{R}/ckpt.pt')] + [(f, f"{R}/{f.split('/')[-2]}.pt") for f in sorted(glob.glob(f'{O}/branch_*/ckpt.pt'))]
+for src, dst in pairs:
+    if not os.path.isfile(src):
+        continue
+    d = torch.load(src, weights_only=True)
+    for k in ('optimizer', 'rng'):
+        d.pop(k, None)
+    torch.save(d, dst + '.tmp'); os.replace(dst + '.tmp', dst)
+    print(f"{dst}: iteration {d['iter']}")
 PY
-  echo "runs/pusht_long/ckpt.pt: iteration $(iter_of "$R/ckpt.pt")"
   ;;
 *) echo "usage: bash config/pusht_long_run.sh train N | branch P | ship M|STEM | save"; exit 2;;
 esac
