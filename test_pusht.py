@@ -1092,6 +1092,11 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     assert r.returncode == 0 and 'new random streams from iter 9' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     b = common.load_checkpoint(str(O / 'branch_8' / 'ckpt.pt'))
     assert (b['iter'], b['config']['cooldown_iters']) == (10, 2) and it(O / 'curve' / 'it10_dyn.pt') == 10
+    os.remove(R / 'branch_4.pt'), shutil.rmtree(O / 'branch_4')
+    state['iter'] = 5  # the committed trunk past 4 is not a branch's state: no cool-down starts from it
+    torch.save(state, R / 'ckpt.pt')
+    r = sh('branch', '4')
+    assert r.returncode == 1 and 'no snapshot of the trunk at iteration 4' in r.stdout, r.stdout + r.stderr
     assert sh('nonsense').returncode == 2
 
 

@@ -52,10 +52,10 @@ branch)
   P=${2:?doubling point} B="$O/branch_$2"; C=$((P / 4))
   bit=0; [ -f "$B/ckpt.pt" ] && bit=$(iter_of "$B/ckpt.pt")
   if [ "$bit" -le "$P" ] || [ "$bit" -gt $((P + C)) ]; then  # not begun here: the saved branch state, else the trunk's
-    src="$R/branch_$P.pt"                                       # (a later session goes on where `save` left it)
-    [ -f "$src" ] || { src="$O/dyn/trunk_$P.pt"; [ -f "$src" ] || src="$R/ckpt.pt"; }  # (new session: committed, if at P)
-    it=$(iter_of "$src")
-    [ "$it" -gt "$P" ] && [ "$it" -le $((P + C)) ] || [ "$it" = "$P" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
+    src="$R/branch_$P.pt" last=$((P + C))                       # (a later session goes on where `save` left it)
+    [ -f "$src" ] || { src="$O/dyn/trunk_$P.pt" last=$P; [ -f "$src" ] || src="$R/ckpt.pt"; }  # (committed, if at P)
+    it=$(iter_of "$src")  # a branch's state may be anywhere in [P, P + C]; the trunk's must be at P
+    [ "$it" -ge "$P" ] && [ "$it" -le "$last" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
     mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
   fi
   if [ -f "$O/dyn/latents.npy.json" ]; then  # the trunk's encoded data (a new session has none: the branch encodes)
