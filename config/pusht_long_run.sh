@@ -13,6 +13,8 @@
 # Scoring the curve's points on the test set: curve.py (eval, policy ranking, 9000-step stability per point); in a
 # later session `python curve.py --curve_dir=out/long/curve --prior=runs/pusht_long/curve.json` adds the new points to
 # the committed table.
+# To stop a run mid-way: wait for a checkpoint (every 200 iterations), kill the train_dynamics.py process by its own
+# PID (killing the script's PID, or `pkill -P` on it, leaves it running), then `save`.
 # Extra train_dynamics.py keys in EXTRA (e.g. EXTRA="--device=cuda --bf16=False"); threads as OMP_NUM_THREADS says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
