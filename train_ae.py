@@ -134,7 +134,7 @@ def main():
     val_frames = np.asarray(ds['frames'][val_pick])
     if master:
         print(f"data {data_dir}: {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
-              f"{len(train_idx)} train frames, {S}x{S}")
+              f"{len(train_idx)} train frames, {S}x{S}", flush=True)
 
     abar = M.sigmoid_alpha_bar().to(dev)
     it, best, last_val = 0, -1.0, None
@@ -167,7 +167,7 @@ def main():
             np_rng, trng = seed_streams(seed, 0, rank, it)
             if master:
                 print(f"warning: checkpoint has RNG states for {len(states) if states else 0} ranks, this run has "
-                      f"{world}; new random streams from iter {it} (the resume is not bit-exact)")
+                      f"{world}; new random streams from iter {it} (the resume is not bit-exact)", flush=True)
     enc_run = torch.compile(enc) if compile else enc
     dec_run = torch.compile(dec) if compile else dec
     if ddp:  # wrap the (compiled) modules; checkpoints always take the raw enc / dec
@@ -179,7 +179,7 @@ def main():
     n_micro = grad_accum * world
     if master:
         print(f"encoder {sum(p.numel() for p in enc.parameters())/1e6:.3f}M, decoder {sum(p.numel() for p in dec.parameters())/1e6:.3f}M params, "
-              f"device {dev}, world {world}, global batch {batch_size * n_micro} ({batch_size} x {grad_accum} accum x {world} ranks)")
+              f"device {dev}, world {world}, global batch {batch_size * n_micro} ({batch_size} x {grad_accum} accum x {world} ranks)", flush=True)
 
     def save(psnr_val, rng_states, improved):
         check_finite_weights([enc, dec], it, save_path)

@@ -144,7 +144,7 @@ def restore(resume, warm, dyn, opt, np_rng, rank, world):
     if warm is not None:
         dyn.load_state_dict(warm['model'])
         if rank == 0:
-            print(f"warm start from {init_from} (iteration {warm['iter']} of its run)")
+            print(f"warm start from {init_from} (iteration {warm['iter']} of its run)", flush=True)
     if resume is None:
         return 0, float('inf'), None, np_rng
     dyn.load_state_dict(resume['model'])
@@ -157,7 +157,7 @@ def restore(resume, warm, dyn, opt, np_rng, rank, world):
         np_rng, _ = seed_streams(seed, 0, rank, it)
         if rank == 0:  # (rank 0 speaks for all)
             print(f"warning: checkpoint has RNG states for {len(states) if states else 0} ranks, this run has "
-                  f"{world}; new random streams from iter {it} (the resume is not bit-exact)")
+                  f"{world}; new random streams from iter {it} (the resume is not bit-exact)", flush=True)
     return it, resume.get('best_val', float('inf')), resume.get('val_latent_mse'), np_rng
 
 
@@ -208,7 +208,7 @@ def main():
     if master:
         z_all = encode_dataset(enc, ds['frames'], dev, cache, fp)
         print(f"latents {tuple(z_all.shape)} for {len(ends)} episodes ({len(train_ids)} train / {len(val_ids)} val), "
-              f"encoded or loaded in {time.time()-t0:.1f} s")
+              f"encoded or loaded in {time.time()-t0:.1f} s", flush=True)
     if ddp:
         dist.barrier()
     if not master:  # (a rank that cannot see rank 0's out_dir encodes for itself)
@@ -232,7 +232,7 @@ def main():
     if master:
         print(f"dynamics {sum(p.numel() for p in dyn.parameters())/1e6:.3f}M params, window {window}, device {dev}"
               f"{' (bf16 autocast)' if use_bf16 else ''}, world {world}, global batch {batch_size * n_micro} "
-              f"({batch_size} x {grad_accum} accum x {world} ranks)")
+              f"({batch_size} x {grad_accum} accum x {world} ranks)", flush=True)
 
     # validation: an open loop over the first val_horizon+1 frames of some held-out episodes
     vids = val_ids[:val_episodes]
