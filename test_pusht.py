@@ -1058,7 +1058,7 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     the weights-only state; in a "new session" (the trunk's folder gone) `branch 4` starts from that state, cools
     down over the last 4/4 iterations and is exported as curve point 5; `save` then keeps the branch's state, from
     which a later session exports a finished branch without training it again and goes on with an unfinished one;
-    a branch with no snapshot and an unknown command are errors."""
+    a branch with no snapshot, an unreadable checkpoint and an unknown command are errors."""
     d, dyn_ckpt = tiny_world
     R, O = tmp_path / 'runs', tmp_path / 'out'
     R.mkdir()
@@ -1103,6 +1103,9 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     torch.save(state, R / 'ckpt.pt')
     r = sh('branch', '4')
     assert r.returncode == 1 and 'no snapshot of the trunk at iteration 4' in r.stdout, r.stdout + r.stderr
+    (R / 'ckpt.pt').write_bytes(b'not a checkpoint')  # the script reads iterations without torch: a bad file is named
+    r = sh('branch', '4')
+    assert r.returncode == 1 and f"checkpoint '{R / 'ckpt.pt'}' cannot be read" in r.stderr, r.stdout + r.stderr
     assert sh('nonsense').returncode == 2
 
 

@@ -171,14 +171,12 @@ def test_context_noise_is_really_applied(monkeypatch, all_frames):
 def test_training_applies_context_noise_when_asked(tmp_path, monkeypatch):
     """Through train_dynamics itself (in-process): ctx_noise=True reaches the net as context levels in
     1..99, ctx_noise=False as 0. Catches a trainer that drops the switch on the way to the loss."""
-    import runpy
     d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
     calls = _record_context_levels(monkeypatch)
     for on in (True, False):
         calls.clear()
-        monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o{on}',
-                                          '--max_iters=2', '--eval_interval=100', f'--ctx_noise={on}'] + _DDP_DYN)
-        runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+        _run_here(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o{on}',
+                  '--max_iters=2', '--eval_interval=100', f'--ctx_noise={on}'] + _DDP_DYN, monkeypatch)
         train = [t for t in calls if t.shape[0] == 4]  # batch_size 4: the training forwards (validation is 1 episode)
         assert len(train) == 2, [t.shape for t in calls]
         lv = torch.cat([t.flatten() for t in train])
@@ -192,7 +190,6 @@ def test_learning_rate_schedules_and_the_trainer_follows_them(tmp_path, monkeypa
     """common.lr_at at points known in closed form: cosine (warm-up, half-way = the mean of peak and floor, floor at
     the end) and constant-then-cool-down (peak until total - cooldown, half-way down at total - cooldown / 2). Then
     train_dynamics itself: the rate each optimizer step used, recorded from the optimizer, is lr_at's."""
-    import runpy
     from common import lr_at
     assert lr_at(0, 1.0, 0.1, 10, 110) == 0.1 and lr_at(9, 1.0, 0.1, 10, 110) == 1.0
     assert abs(lr_at(60, 1.0, 0.1, 10, 110) - 0.55) < 1e-12 and abs(lr_at(110, 1.0, 0.1, 10, 110) - 0.1) < 1e-12
@@ -202,10 +199,9 @@ def test_learning_rate_schedules_and_the_trainer_follows_them(tmp_path, monkeypa
     d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
     seen, orig = [], torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, 'step', lambda self, *a, **k: (seen.append(self.param_groups[0]['lr']), orig(self, *a, **k))[1])
-    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o',
-                                      '--max_iters=6', '--eval_interval=100', '--warmup_iters=1', '--lr=0.01',
-                                      '--min_lr=0.001', '--cooldown_iters=2'] + _DDP_DYN)
-    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    _run_here(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o',
+              '--max_iters=6', '--eval_interval=100', '--warmup_iters=1', '--lr=0.01',
+              '--min_lr=0.001', '--cooldown_iters=2'] + _DDP_DYN, monkeypatch)
     assert np.allclose(seen, [0.01, 0.01, 0.01, 0.01, 0.01, 0.0055]), seen
 
 
@@ -213,12 +209,10 @@ def test_export_writes_inference_files_that_roll_out_like_the_checkpoint(tmp_pat
     """export.py: the dynamics and its autoencoder as two files without optimizer or RNG state, the autoencoder
     found beside the dynamics file wherever the folder is moved; a rollout from them equals the checkpoint's,
     frame for frame. A dynamics checkpoint whose autoencoder file holds another encoder is refused."""
-    import runpy
     import export
     d, ae = _ddp_data(tmp_path / 'd'), _ddp_fake_ae(tmp_path / 'ae.pt')
-    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o',
-                                      '--max_iters=2', '--eval_interval=2', '--lr=0.01'] + _DDP_DYN)
-    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    _run_here(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/o',
+              '--max_iters=2', '--eval_interval=2', '--lr=0.01'] + _DDP_DYN, monkeypatch)
     export.export(f'{tmp_path}/o/ckpt.pt', str(tmp_path / 'w'), 'm')
     os.rename(tmp_path / 'w', tmp_path / 'moved')  # the files travel together (a clone elsewhere)
     for f in ('m_ae.pt', 'm_dyn.pt'):
@@ -239,9 +233,8 @@ def test_export_writes_inference_files_that_roll_out_like_the_checkpoint(tmp_pat
     # from it continues the count with fresh Adam moments; at lr 0 the weights stay the exported ones
     os.makedirs(tmp_path / 'r')
     shutil.copy(tmp_path / 'moved' / 'm_dyn.pt', tmp_path / 'r' / 'ckpt.pt')
-    monkeypatch.setattr(sys, 'argv', ['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/r',
-                                      '--init_from=resume', '--max_iters=3', '--eval_interval=3', '--lr=0', '--min_lr=0'] + _DDP_DYN)
-    runpy.run_path(os.path.join(ROOT, 'train_dynamics.py'), run_name='__main__')
+    _run_here(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}', f'--out_dir={tmp_path}/r',
+              '--init_from=resume', '--max_iters=3', '--eval_interval=3', '--lr=0', '--min_lr=0'] + _DDP_DYN, monkeypatch)
     r3, m2 = common.load_checkpoint(f'{tmp_path}/r/ckpt.pt'), common.load_checkpoint(str(tmp_path / 'moved' / 'm_dyn.pt'))
     assert r3['iter'] == 3 and 'optimizer' in r3 and all(torch.equal(r3['model'][k], m2['model'][k]) for k in m2['model'])
     other = _ddp_fake_ae(tmp_path / 'other.pt', seed=1)  # another encoder under the checkpoint's ae path
@@ -460,16 +453,24 @@ def _run(args, cwd):
     return r
 
 
+def _run_here(args, monkeypatch):
+    """Run a script in this process, as `python args...` would: no subprocess paying ~3 s of `import torch`."""
+    import runpy
+    monkeypatch.setattr(sys, 'argv', list(args))
+    runpy.run_path(os.path.join(ROOT, args[0]), run_name='__main__')
+
+
 TINY_AE = ['--enc_ch=8', '--dec_ch=(8,16)', '--dec_attn=(False,True)', '--emb_dim=32', '--batch_size=4',
            '--eval_frames=8', '--log_interval=5']
 TINY_DYN = ['--window=4', '--dyn_ch=16', '--dyn_depth=1', '--dyn_emb=32', '--dyn_heads=2', '--batch_size=4',
             '--val_episodes=1', '--val_horizon=4', '--log_interval=5']
 
 
-def test_end_to_end_pipeline(tmp_path):
+def test_end_to_end_pipeline(tmp_path, monkeypatch):
     """train_ae.py -> (resume) -> the deterministic decoder -> train_dynamics.py with the action map ->
     rollout.py, the Simulator API, and the autoencoder mismatch check, on a tiny square-follows-the-point
-    dataset whose meta.json declares the action an image point."""
+    dataset whose meta.json declares the action an image point. The runs that must work go through the command line;
+    the ones that must be refused run in-process (the same code, less time)."""
     ae, dyn, ev = (str(tmp_path / n) for n in ('ae', 'dyn', 'eval'))
     sq = _square_episodes()
     d = str(tmp_path / 'data')
@@ -551,8 +552,8 @@ def test_end_to_end_pipeline(tmp_path):
     assert r.returncode == 0, r.stderr
     w2 = common.load_checkpoint(f'{dyn}w/ckpt.pt')
     assert w2['iter'] == 2 and w2['data']['action_stats'] == src['data']['action_stats']
-    r = _run(warm_args + ['--dyn_ch=8'], ROOT)  # another architecture is refused by name, nothing written
-    assert r.returncode != 0 and 'dyn_ch' in r.stderr, r.stderr
+    with pytest.raises(SystemExit, match='dyn_ch'):  # another architecture is refused by name, nothing written
+        _run_here(warm_args + ['--dyn_ch=8'], monkeypatch)
     assert common.load_checkpoint(f'{dyn}w/ckpt.pt')['iter'] == 2
     # the simulator API over the trained checkpoint: batched, history reset, bad actions refused
     dyn_m, enc, dec, ckd = rollout.load_world_model(f'{dyn}/ckpt.pt', 'cpu')
@@ -566,19 +567,18 @@ def test_end_to_end_pipeline(tmp_path):
     with pytest.raises(ValueError, match='uint8'):
         sim.reset(np.zeros((2, 16, 16, 3), np.uint8))
     # a different autoencoder (another stage-1 run) is refused by name
-    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={tmp_path}/ae2', '--max_iters=1', '--eval_interval=1',
-              '--val_frac=0.34', '--seed=5'] + TINY_AE, ROOT)
-    assert r.returncode == 0, r.stderr
-    r = _run(['rollout.py', f'--ckpt={dyn}/ckpt.pt', f'--ae_ckpt={tmp_path}/ae2/ckpt.pt', '--horizon=2', f'--out_dir={ev}'], ROOT)
-    assert r.returncode != 0 and 'was trained on encoder' in r.stderr
-    # wrong-typed option is refused before anything runs
+    _run_here(['train_ae.py', f'--data_dir={d}', f'--out_dir={tmp_path}/ae2', '--max_iters=1', '--eval_interval=1',
+               '--val_frac=0.34', '--seed=5'] + TINY_AE, monkeypatch)
+    with pytest.raises(SystemExit, match='was trained on encoder'):
+        _run_here(['rollout.py', f'--ckpt={dyn}/ckpt.pt', f'--ae_ckpt={tmp_path}/ae2/ckpt.pt', '--horizon=2', f'--out_dir={ev}'], monkeypatch)
+    # wrong-typed option is refused before anything runs, with the message and a failing exit status
     r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--max_iters=two'], ROOT)
     assert r.returncode != 0 and 'wants int' in r.stderr
     # a misspelt init_from is refused, not taken as a fresh start (stage 1) or a path (stage 2)
-    r = _run(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--init_from=resme'] + TINY_AE, ROOT)
-    assert r.returncode != 0 and "init_from must be 'scratch' or 'resume'" in r.stderr, r.stderr
-    r = _run(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}/ckpt.pt', f'--out_dir={dyn}', '--init_from=resme'], ROOT)
-    assert r.returncode != 0 and "'resme' does not exist" in r.stderr, r.stderr
+    with pytest.raises(SystemExit, match="init_from must be 'scratch' or 'resume'"):
+        _run_here(['train_ae.py', f'--data_dir={d}', f'--out_dir={ae}', '--init_from=resme'] + TINY_AE, monkeypatch)
+    with pytest.raises(SystemExit, match="'resme' does not exist"):
+        _run_here(['train_dynamics.py', f'--data_dir={d}', f'--ae_ckpt={ae}/ckpt.pt', f'--out_dir={dyn}', '--init_from=resme'], monkeypatch)
     assert common.load_checkpoint(f'{ae}/ckpt.pt')['iter'] == 8
 
 
