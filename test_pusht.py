@@ -1058,13 +1058,16 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     the weights-only state; in a "new session" (the trunk's folder gone) `branch 4` starts from that state, cools
     down over the last 4/4 iterations and is exported as curve point 5; `save` then keeps the branch's state, from
     which a later session exports a finished branch without training it again and goes on with an unfinished one;
-    a branch with no snapshot, an unreadable checkpoint and an unknown command are errors."""
+    a branch with no snapshot, an unreadable checkpoint and an unknown command are errors. `ship M` copies curve
+    point M to the weights folder (W), its dynamics naming the autoencoder beside it, and refuses a point that is not
+    there, leaving the shipped files as they were."""
     d, dyn_ckpt = tiny_world
     R, O = tmp_path / 'runs', tmp_path / 'out'
     R.mkdir()
     shutil.copy(common.load_checkpoint(dyn_ckpt)['ae_ckpt'], R / 'ae.pt')  # stage 1 already trained: the script skips it
     extra = ' '.join(TINY_DYN + ['--val_frac=0.34', '--eval_interval=2'])
-    env = {**os.environ, 'D': d, 'R': str(R), 'O': str(O), 'P0': '2', 'EXTRA': extra}
+    W = tmp_path / 'weights'
+    env = {**os.environ, 'D': d, 'R': str(R), 'O': str(O), 'P0': '2', 'W': str(W), 'EXTRA': extra}
     sh = lambda *a: subprocess.run(['bash', os.path.join(ROOT, 'config', 'pusht_long_run.sh'), *a], env=env,
                                    capture_output=True, text=True, timeout=300)
     it = lambda f: common.load_checkpoint(str(f))['iter']
@@ -1098,6 +1101,16 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     assert r.returncode == 0 and 'new random streams from iter 9' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     b = common.load_checkpoint(str(O / 'branch_8' / 'ckpt.pt'))
     assert (b['iter'], b['config']['cooldown_iters']) == (10, 2) and it(O / 'curve' / 'it10_dyn.pt') == 10
+    r = sh('ship', '10')
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _, _, _, ck = rollout.load_world_model(str(W / 'pusht64_dyn.pt'), 'cpu')  # finds its autoencoder beside it
+    assert (ck['iter'], ck['ae_ckpt']) == (10, str(W / 'pusht64_ae.pt')) and (W / 'pusht64.json').is_file()
+    shipped = {f: f.read_bytes() for f in W.iterdir()}
+    os.remove(O / 'curve' / 'it5.json')  # a half-exported point: refused before anything is copied
+    for bad in ('5', '20'):
+        r = sh('ship', bad)
+        assert r.returncode == 1 and f"no {O / 'curve' / ('it' + bad)}" in r.stdout, r.stdout + r.stderr
+    assert {f: f.read_bytes() for f in W.iterdir()} == shipped
     os.remove(R / 'branch_4.pt'), shutil.rmtree(O / 'branch_4')
     state['iter'] = 5  # the committed trunk past 4 is not a branch's state: no cool-down starts from it
     torch.save(state, R / 'ckpt.pt')

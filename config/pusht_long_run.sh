@@ -18,7 +18,7 @@
 # Extra train_dynamics.py keys in EXTRA (e.g. EXTRA="--device=cuda --bf16=False"); threads as OMP_NUM_THREADS says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-D=${D:-data/pusht64_1k} R=${R:-runs/pusht_long} O=${O:-out/long} P0=${P0:-3200}  # (D, R, O, P0: for a dry run)
+D=${D:-data/pusht64_1k} R=${R:-runs/pusht_long} O=${O:-out/long} P0=${P0:-3200} W=${W:-weights}  # (all: for a dry run)
 CPU="config/dyn_pusht_cpu.py config/dyn_pusht_long_run.py"
 EXTRA=${EXTRA:-}
 mkdir -p "$R" "$O/dyn" "$O/curve"
@@ -87,12 +87,16 @@ branch)
   ;;
 ship)
   S=${2:?curve point M or an exported stem}; case "$S" in *[!0-9]*) ;; *) S="$O/curve/it$S";; esac
-  mkdir -p weights
-  for f in _ae.pt _dyn.pt .json; do cp "$S$f" "weights/pusht64$f"; done
-  python - <<PY
-import os, torch  # the dynamics file names its autoencoder by file name: the one beside it now
-d = torch.load('weights/pusht64_dyn.pt', weights_only=True); d['ae_ckpt'] = 'pusht64_ae.pt'
-torch.save(d, 'weights/pusht64_dyn.pt.tmp'); os.replace('weights/pusht64_dyn.pt.tmp', 'weights/pusht64_dyn.pt')
+  for f in _ae.pt _dyn.pt .json; do  # all three first: a half-shipped model is worse than the old one
+    [ -f "$S$f" ] || { echo "no $S$f: ship takes a curve point M (out/long/curve/itM_*) or export.py's STEM"; exit 1; }
+  done
+  mkdir -p "$W"
+  for f in _ae.pt _dyn.pt .json; do cp "$S$f" "$W/pusht64$f"; done
+  python - "$W" <<'PY'
+import os, sys, torch  # the dynamics file names its autoencoder by file name: the one beside it now
+f = os.path.join(sys.argv[1], 'pusht64_dyn.pt')
+d = torch.load(f, weights_only=True); d['ae_ckpt'] = 'pusht64_ae.pt'
+torch.save(d, f + '.tmp'); os.replace(f + '.tmp', f)
 PY
   ;;
 save)  # weights only, no Adam moments or random streams (a third of the size): a resume from it continued the trunk
