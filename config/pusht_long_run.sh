@@ -41,10 +41,13 @@ except Exception as e:
     sys.exit(f"checkpoint {sys.argv[1]!r} cannot be read ({type(e).__name__}: {e})")
 PY
 }
+collect() {  # the 1000 training episodes (deterministic seeds: a bare checkout collects the same data again)
+  [ -d "$D" ] || python pusht.py --mode=collect --data_dir="$D" --num_episodes=1000 --episode_len=200 --image_size=64
+}
 case "${1:-}" in
 train)
   N=${2:?iterations}
-  [ -d "$D" ] || python pusht.py --mode=collect --data_dir="$D" --num_episodes=1000 --episode_len=200 --image_size=64
+  collect
   if [ ! -f "$R/ae.pt" ]; then  # stage 1 and the deterministic decoder, the CPU recipe's, once for the whole run
     python train_ae.py config/ae_pusht_cpu.py --data_dir="$D" --out_dir="$O/ae"
     python train_ae.py config/ae_pusht_cpu.py --data_dir="$D" --out_dir="$O/ae" --decoder_type=deterministic
@@ -78,6 +81,7 @@ branch)
     [ "$it" -ge "$P" ] && [ "$it" -le "$last" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
     mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
   fi
+  collect  # (a bare checkout resumes a committed branch state without the trunk's data)
   if [ -f "$O/dyn/latents.npy.json" ]; then  # the trunk's encoded data (a new session has none: the branch encodes)
     ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"
   fi
