@@ -81,12 +81,14 @@ branch)
     [ "$it" -ge "$P" ] && [ "$it" -le "$last" ] || { echo "no snapshot of the trunk at iteration $P"; exit 1; }
     mkdir -p "$B"; cp "$src" "$B/ckpt.pt"
   fi
-  collect  # (a bare checkout resumes a committed branch state without the trunk's data)
   if [ -f "$O/dyn/latents.npy.json" ]; then  # the trunk's encoded data (a new session has none: the branch encodes)
     ln -sf "$PWD/$O/dyn/latents.npy" "$B/latents.npy"; cp "$O/dyn/latents.npy.json" "$B/"
   fi
-  [ "$(iter_of "$B/ckpt.pt")" -ge $((P + C)) ] || python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" \
-      --out_dir="$B" --init_from=resume --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
+  if [ "$(iter_of "$B/ckpt.pt")" -lt $((P + C)) ]; then  # unfinished (a bare checkout has no data yet: collect it)
+    collect
+    python train_dynamics.py $CPU --data_dir="$D" --ae_ckpt="$R/ae.pt" --out_dir="$B" --init_from=resume \
+        --max_iters=$((P + C)) --cooldown_iters=$C $EXTRA
+  fi
   python export.py --ckpt="$B/ckpt.pt" --out_dir="$O/curve" --name="it$((P + C))"
   ;;
 ship)
