@@ -1055,7 +1055,8 @@ def test_shipped_weights_track_the_agent_keep_the_T_and_push_it():
 def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     """config/pusht_long_run.sh, dry run on the tiny world (D, R, O, P0 point it at temporary folders): `train 4`
     trains the trunk in segments ending at the doubling points 2 and 4 and keeps a snapshot at each; `save` writes
-    the weights-only state; in a "new session" (the trunk's folder gone) `branch 4` starts from that state, cools
+    the weights-only state; in a "new session" (the trunk's folder and the data gone) `branch 4` collects the same
+    episodes again (COLLECT: the tiny world's collection), starts from that state, cools
     down over the last 4/4 iterations and is exported as curve point 5; `save` then keeps the branch's state, from
     which a later session exports a finished branch without training it again and goes on with an unfinished one;
     a branch with no snapshot, an unreadable checkpoint and an unknown command are errors. `ship M` copies curve
@@ -1067,9 +1068,11 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     shutil.copy(common.load_checkpoint(dyn_ckpt)['ae_ckpt'], R / 'ae.pt')  # stage 1 already trained: the script skips it
     extra = ' '.join(TINY_DYN + ['--val_frac=0.34', '--eval_interval=2'])
     W = tmp_path / 'weights'
-    env = {**os.environ, 'D': d, 'R': str(R), 'O': str(O), 'P0': '2', 'W': str(W), 'EXTRA': extra}
-    sh = lambda *a: subprocess.run(['bash', os.path.join(ROOT, 'config', 'pusht_long_run.sh'), *a], env=env,
-                                   capture_output=True, text=True, timeout=300)
+    # COLLECT: the tiny world's own collection, so a branch on a bare checkout (no D) collects the same episodes again
+    env = {**os.environ, 'D': d, 'R': str(R), 'O': str(O), 'P0': '2', 'W': str(W), 'EXTRA': extra,
+           'COLLECT': '--num_episodes=3 --episode_len=14 --image_size=32 --num_workers=1 --seed=3'}
+    sh = lambda *a, **e: subprocess.run(['bash', os.path.join(ROOT, 'config', 'pusht_long_run.sh'), *a], env={**env, **e},
+                                        capture_output=True, text=True, timeout=300)
     it = lambda f: common.load_checkpoint(str(f))['iter']
     r = sh('train', '4')
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -1078,9 +1081,11 @@ def test_long_run_script_segments_saves_and_branches(tiny_world, tmp_path):
     assert r.returncode == 0 and 'iteration 4' in r.stdout, r.stdout + r.stderr
     state = torch.load(R / 'ckpt.pt', weights_only=True)
     assert 'optimizer' not in state and 'rng' not in state and state['iter'] == 4
-    shutil.rmtree(O / 'dyn')  # a new session: only the committed state is left
-    r = sh('branch', '4')
+    shutil.rmtree(O / 'dyn')  # a new session on a bare checkout: only the committed state is left, no data
+    bare = tmp_path / 'bare_data'
+    r = sh('branch', '4', D=str(bare))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert np.array_equal(np.load(bare / 'frames.npy'), np.load(os.path.join(d, 'frames.npy')))  # collected again
     b = common.load_checkpoint(str(O / 'branch_4' / 'ckpt.pt'))
     assert (b['iter'], b['config']['max_iters'], b['config']['cooldown_iters']) == (5, 5, 1)  # P + P/4, cooling P/4
     assert it(O / 'curve' / 'it5_dyn.pt') == 5 and (O / 'curve' / 'it5_ae.pt').is_file()

@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=${D:-data/pusht64_1k} R=${R:-runs/pusht_long} O=${O:-out/long} P0=${P0:-3200} W=${W:-weights}  # (all: for a dry run)
+COLLECT=${COLLECT:---num_episodes=1000 --episode_len=200 --image_size=64}  # pusht.py's collection (a dry run's: tiny)
 CPU="config/dyn_pusht_cpu.py config/dyn_pusht_long_run.py"
 EXTRA=${EXTRA:-}
 mkdir -p "$R" "$O/dyn" "$O/curve"
@@ -42,7 +43,7 @@ except Exception as e:
 PY
 }
 collect() {  # the 1000 training episodes (deterministic seeds: a bare checkout collects the same data again)
-  [ -d "$D" ] || python pusht.py --mode=collect --data_dir="$D" --num_episodes=1000 --episode_len=200 --image_size=64
+  [ -d "$D" ] || python pusht.py --mode=collect --data_dir="$D" $COLLECT
 }
 case "${1:-}" in
 train)
